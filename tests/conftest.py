@@ -1,0 +1,61 @@
+"""Shared fixtures. GPU tests carry @pytest.mark.gpu and skip where no CUDA device is."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+SHARED_KERNELBENCH = REPO_ROOT.parent / "shared" / "data" / "kernelbench" / "kernelbench_levels_1-3.parquet"
+
+os.environ.setdefault("DVC_NO_ANALYTICS", "1")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+def _has_cuda() -> bool:
+    try:
+        import torch
+
+        return torch.cuda.is_available()
+    except Exception:
+        return False
+
+
+def pytest_collection_modifyitems(config, items):
+    if _has_cuda():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA device")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def repo_root() -> Path:
+    return REPO_ROOT
+
+
+@pytest.fixture(scope="session")
+def params() -> dict:
+    from dicepipe.config import load_params
+
+    return load_params(REPO_ROOT / "params.yaml")
+
+
+@pytest.fixture(scope="session")
+def build_cache_dir() -> Path:
+    """One extension build cache for the whole test session (and shared with the pipeline),
+    so each distinct source builds at most once per machine."""
+    path = REPO_ROOT / ".cache" / "dicepipe" / "builds"
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+@pytest.fixture(scope="session")
+def kernelbench_parquet() -> Path:
+    if not SHARED_KERNELBENCH.is_file():
+        pytest.skip("../shared/data/kernelbench is absent")
+    return SHARED_KERNELBENCH

@@ -1,0 +1,80 @@
+"""The one command line of the pipeline: one subcommand per stage.
+
+Snakemake rules and DVC stages call exactly these subcommands with the same arguments.
+Each stage lives in `dicepipe.stages.<name>` and exposes `add_arguments(parser)` and
+`run(args, params) -> int`; heavy imports (torch, transformers) happen inside `run`.
+Errors meant for the user are `DicepipeError`s, caught here once.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import sys
+from pathlib import Path
+
+from .errors import DicepipeError
+
+# subcommand -> (module under dicepipe.stages, one-line help)
+STAGES: dict[str, tuple[str, str]] = {
+    "check-params": ("check_params", "validate params.yaml and print the resolved scales"),
+    "ingest": ("ingest", "read a corpus source into a normalised samples table"),
+    "verify": ("verify", "measure one shard of a corpus's samples with the harness"),
+    "verify-gather": ("verify", "join verify shards into one measurements table"),
+    "augment": ("augment", "generate and verify structural samples (attention, MLP blocks)"),
+    "assemble": ("assemble", "apply the threshold and write the CuKe splits"),
+    "sft": ("sft", "supervised fine-tuning of a block-diffusion model"),
+    "score": ("score", "score anyone's kernels: a folder or parquet of (reference, candidate)"),
+}
+
+log = logging.getLogger("dicepipe")
+
+
+def _setup_logging(log_path: str | None, verbose: bool) -> None:
+    handlers: list[logging.Handler] = [logging.StreamHandler(sys.stderr)]
+    if log_path:
+        Path(log_path).parent.mkdir(parents=True, exist_ok=True)
+        handlers.append(logging.FileHandler(log_path, mode="w"))
+    logging.basicConfig(
+        level=logging.DEBUG if verbose else logging.INFO,
+        format="%(asctime)s %(name)s %(levelname)s %(message)s",
+        handlers=handlers,
+        force=True,
+    )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="dicepipe", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for command, (module_name, help_text) in STAGES.items():
+        module = importlib.import_module(f"dicepipe.stages.{module_name}")
+        p = sub.add_parser(command, help=help_text, description=help_text)
+        p.add_argument("--params", default="params.yaml", help="params file (default: params.yaml)")
+        p.add_argument("--log", default=None, help="also write the log to this file")
+        p.add_argument("-v", "--verbose", action="store_true")
+        adder = getattr(module, "add_gather_arguments" if command == "verify-gather" else "add_arguments")
+        adder(p)
+        p.set_defaults(_module=module, _entry="run_gather" if command == "verify-gather" else "run")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    _setup_logging(args.log, args.verbose)
+    try:
+        from .config import load_params
+
+        params = load_params(args.params)
+        return int(getattr(args._module, args._entry)(args, params) or 0)
+    except DicepipeError as exc:
+        log.error("%s", exc)
+        return 2
+    except KeyboardInterrupt:
+        log.error("interrupted; finished work is kept and the stage resumes when re-run")
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,175 @@
+"""Loading and validating params.yaml, and resolving a scale to its parts.
+
+Values stay plain dicts (as in nanoGPT): stages read their own section. Validation is
+the JSON schema under workflow/schemas/ (the same file the Snakefile validates with)
+plus cross-references the schema cannot express (a scale's corpus must exist, ...).
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from .errors import ConfigError
+
+SCHEMA_PATH = Path(__file__).resolve().parent.parent / "schemas" / "params.schema.yaml"
+DEFAULT_PARAMS = Path("params.yaml")
+
+
+def load_schema() -> dict:
+    with open(SCHEMA_PATH) as fh:
+        return yaml.safe_load(fh)
+
+
+def _key_path(error) -> str:
+    parts = [str(p) for p in error.absolute_path]
+    return ".".join(parts) if parts else "<top level>"
+
+
+def _fill_defaults(instance: Any, schema: dict, root: dict) -> None:
+    """Fill `default:` values of object properties, recursively (like snakemake's validate)."""
+    if "$ref" in schema:
+        ref = schema["$ref"].split("/")[1:]
+        target = root
+        for part in ref:
+            target = target[part]
+        _fill_defaults(instance, target, root)
+    if not isinstance(instance, dict):
+        return
+    for name, sub in schema.get("properties", {}).items():
+        if name not in instance and "default" in sub:
+            instance[name] = copy.deepcopy(sub["default"])
+        if name in instance:
+            _fill_defaults(instance[name], sub, root)
+    extra = schema.get("additionalProperties")
+    if isinstance(extra, dict):
+        for name, value in instance.items():
+            if name not in schema.get("properties", {}):
+                _fill_defaults(value, extra, root)
+
+
+def validate_params(params: dict, source: str = "params.yaml") -> dict:
+    """Validate against the schema and cross-check references; return a copy with defaults."""
+    import jsonschema
+
+    schema = load_schema()
+    validator = jsonschema.Draft202012Validator(schema)
+    errors = sorted(validator.iter_errors(params), key=lambda e: list(e.absolute_path))
+    if errors:
+        err = errors[0]
+        more = f" (and {len(errors) - 1} more problems)" if len(errors) > 1 else ""
+        raise ConfigError(
+            f"{source}: key '{_key_path(err)}' has value {err.instance!r}: {err.message}. "
+            f"Expected: {_expected(err)}.{more}"
+        )
+    params = copy.deepcopy(params)
+    _fill_defaults(params, schema, schema)
+    _cross_check(params, source)
+    return params
+
+
+def _expected(err) -> str:
+    schema = err.schema if isinstance(err.schema, dict) else {}
+    for key in ("enum", "type", "pattern", "minimum", "maximum", "exclusiveMinimum"):
+        if key in schema:
+            return f"{key} {schema[key]!r}"
+    if err.validator == "required":
+        return f"the keys {err.validator_value!r}"
+    if err.validator in ("additionalProperties", "unevaluatedProperties"):
+        allowed = sorted(schema.get("properties", {}))
+        return f"only the keys {allowed}" if allowed else "no extra keys"
+    return f"{err.validator} {err.validator_value!r}"
+
+
+def _cross_check(params: dict, source: str) -> None:
+    for scale, spec in params["scales"].items():
+        for kind, table in (("corpus", "corpora"), ("model", "models"), ("benchmark", "benchmarks")):
+            if spec[kind] not in params[table]:
+                raise ConfigError(
+                    f"{source}: key 'scales.{scale}.{kind}' has value {spec[kind]!r}, which is "
+                    f"not defined under '{table}'. Expected one of {sorted(params[table])}."
+                )
+        corpus_backend = params["corpora"][spec["corpus"]]["backend"]
+        if corpus_backend != spec["backend"]:
+            raise ConfigError(
+                f"{source}: key 'scales.{scale}.backend' is {spec['backend']!r} but its corpus "
+                f"{spec['corpus']!r} is for backend {corpus_backend!r}. Expected them to agree."
+            )
+    for scale in params.get("default_scales", []):
+        if scale not in params["scales"]:
+            raise ConfigError(
+                f"{source}: key 'default_scales' names {scale!r}, which is not under 'scales'. "
+                f"Expected one of {sorted(params['scales'])}."
+            )
+    for scale in params["sft"].get("overrides", {}):
+        if scale not in params["scales"]:
+            raise ConfigError(
+                f"{source}: key 'sft.overrides.{scale}' names no scale. "
+                f"Expected one of {sorted(params['scales'])}."
+            )
+    for name, model in params["models"].items():
+        if model["kind"] in ("sdar", "qwen3") and "path" not in model:
+            raise ConfigError(
+                f"{source}: key 'models.{name}.path' is missing. Expected a hub id or a local "
+                "checkpoint folder for a model of kind " + repr(model["kind"]) + "."
+            )
+
+
+def load_params(path: str | Path = DEFAULT_PARAMS) -> dict:
+    """Read and validate params.yaml. Raises ConfigError with file, key, value and expectation."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"{path}: no such file. Run from the repository root or pass --params.")
+    try:
+        with open(path) as fh:
+            params = yaml.safe_load(fh)
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: not valid YAML: {exc}") from exc
+    if not isinstance(params, dict):
+        raise ConfigError(f"{path}: expected a mapping at the top level, got {type(params).__name__}.")
+    return validate_params(params, str(path))
+
+
+@dataclass(frozen=True)
+class Scale:
+    """A scale resolved to its parts (names and their param sections)."""
+
+    name: str
+    corpus: str
+    model: str
+    backend: str
+    benchmark: str
+    model_spec: dict
+    benchmark_spec: dict
+
+
+def resolve_scale(params: dict, scale: str) -> Scale:
+    if scale not in params["scales"]:
+        raise ConfigError(f"unknown scale {scale!r}. Expected one of {sorted(params['scales'])}.")
+    spec = params["scales"][scale]
+    return Scale(
+        name=scale,
+        corpus=spec["corpus"],
+        model=spec["model"],
+        backend=spec["backend"],
+        benchmark=spec["benchmark"],
+        model_spec=params["models"][spec["model"]],
+        benchmark_spec=params["benchmarks"][spec["benchmark"]],
+    )
+
+
+def corpus_spec(params: dict, corpus: str) -> dict:
+    if corpus not in params["corpora"]:
+        raise ConfigError(f"unknown corpus {corpus!r}. Expected one of {sorted(params['corpora'])}.")
+    return params["corpora"][corpus]
+
+
+def sft_settings(params: dict, scale: str) -> dict:
+    """The sft section with the scale's overrides applied."""
+    settings = {k: v for k, v in params["sft"].items() if k != "overrides"}
+    settings.update(params["sft"].get("overrides", {}).get(scale, {}))
+    return settings

@@ -1,0 +1,1 @@
+"""Corpus sources, the normalised sample schema, prompts and CuKe assembly."""

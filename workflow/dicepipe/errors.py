@@ -1,0 +1,25 @@
+"""One exception type per concern; the CLI catches `DicepipeError` once and prints it."""
+
+
+class DicepipeError(Exception):
+    """Base of every error the pipeline reports to its user (message says what to fix)."""
+
+
+class ConfigError(DicepipeError):
+    """params.yaml is missing, malformed, or fails its schema / cross-checks."""
+
+
+class SourceError(DicepipeError):
+    """A corpus or benchmark source cannot be read."""
+
+
+class HarnessError(DicepipeError):
+    """The kernel harness cannot run (bad job input, unusable backend)."""
+
+
+class ModelError(DicepipeError):
+    """A model or tokenizer cannot be loaded (missing checkpoint, bad spec)."""
+
+
+class StageInputError(DicepipeError):
+    """A stage's input file is missing or does not match its schema."""
