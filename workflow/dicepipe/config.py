@@ -105,12 +105,26 @@ def _cross_check(params: dict, source: str) -> None:
                 f"{source}: key 'default_scales' names {scale!r}, which is not under 'scales'. "
                 f"Expected one of {sorted(params['scales'])}."
             )
-    for scale in params["sft"].get("overrides", {}):
+    overrides = params["sft"]["overrides"]
+    for scale in overrides:
         if scale not in params["scales"]:
             raise ConfigError(
                 f"{source}: key 'sft.overrides.{scale}' names no scale. "
                 f"Expected one of {sorted(params['scales'])}."
             )
+    for scale in params["scales"]:
+        if scale not in overrides:
+            raise ConfigError(
+                f"{source}: key 'sft.overrides.{scale}' is missing. Expected an entry for every "
+                "scale ({} for no overrides), so each runner tracks exactly its own settings."
+            )
+    shards = params["verify"]["shards"]
+    expected = [f"{i}-of-{len(shards)}" for i in range(1, len(shards) + 1)]
+    if shards != expected:
+        raise ConfigError(
+            f"{source}: key 'verify.shards' has value {shards!r}. Expected the list {expected!r} "
+            "(shard ids I-of-N for I = 1..N; DVC needs them spelled out)."
+        )
     for name, model in params["models"].items():
         if model["kind"] in ("sdar", "qwen3") and "path" not in model:
             raise ConfigError(
@@ -170,6 +184,6 @@ def corpus_spec(params: dict, corpus: str) -> dict:
 
 def sft_settings(params: dict, scale: str) -> dict:
     """The sft section with the scale's overrides applied."""
-    settings = {k: v for k, v in params["sft"].items() if k != "overrides"}
-    settings.update(params["sft"].get("overrides", {}).get(scale, {}))
+    settings = dict(params["sft"]["defaults"])
+    settings.update(params["sft"]["overrides"].get(scale) or {})
     return settings

@@ -1,0 +1,22 @@
+# The DICE pipeline for Snakemake. The same stages, commands and params are in dvc.yaml;
+# tests/test_parity.py keeps the two equal. Every stage is a `dicepipe` subcommand.
+from snakemake.utils import min_version
+
+min_version("9.0")
+
+
+configfile: "params.yaml"
+
+
+include: "workflow/rules/common.smk"
+include: "workflow/rules/ingest.smk"
+include: "workflow/rules/verify.smk"
+include: "workflow/rules/augment.smk"
+include: "workflow/rules/assemble.smk"
+include: "workflow/rules/sft.smk"
+
+
+rule all:
+    input:
+        expand("models/sft/{scale}", scale=config["default_scales"]),
+    default_target: True

@@ -1,0 +1,136 @@
+"""Build the Snakemake and DVC DAGs of a workspace as comparable records (for the parity
+and rerun tests). A record: stage name (<rule>@<key>), cmd, deps, outs, params keys."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+WORKFLOW_FILES = ["Snakefile", "dvc.yaml", "params.yaml", ".dvcignore", "workflow", "profiles", "envs"]
+
+
+@dataclass(frozen=True)
+class StageRecord:
+    name: str
+    cmd: str
+    deps: frozenset
+    outs: frozenset
+    params: frozenset
+
+
+def copy_workflow(repo_root: Path, dest: Path) -> Path:
+    """A copy of the workflow definition (no data) where every corpus source exists."""
+    for name in WORKFLOW_FILES:
+        src = repo_root / name
+        if src.is_dir():
+            shutil.copytree(src, dest / name, ignore=shutil.ignore_patterns("__pycache__"))
+        elif src.exists():
+            shutil.copy2(src, dest / name)
+    import yaml
+
+    params = yaml.safe_load((dest / "params.yaml").read_text())
+    for corpus in params["corpora"].values():
+        source = corpus["source"]
+        if source["kind"] == "hub":
+            continue
+        path = dest / source["path"]
+        if source["kind"] == "pairs_dir":
+            (path / "reference").mkdir(parents=True, exist_ok=True)
+            (path / "kernels").mkdir(parents=True, exist_ok=True)
+        else:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text("[]")
+    return dest
+
+
+@contextlib.contextmanager
+def _cwd(path: Path):
+    old = os.getcwd()
+    os.chdir(path)
+    try:
+        yield
+    finally:
+        os.chdir(old)
+
+
+def _stage_key(wildcards: dict) -> str:
+    if "scale" in wildcards:
+        return wildcards["scale"]
+    if "shard" in wildcards:
+        return f"{wildcards['corpus']}-{wildcards['shard']}"
+    return wildcards["corpus"]
+
+
+def snakemake_records(workdir: Path, targets: list[str]) -> dict[str, StageRecord]:
+    """Every job Snakemake would run (forceall) for `targets`."""
+    from snakemake.api import SnakemakeApi
+    from snakemake.settings.types import DAGSettings, OutputSettings, ResourceSettings
+
+    records = {}
+    with _cwd(workdir), contextlib.redirect_stderr(io.StringIO()):
+        with SnakemakeApi(OutputSettings()) as api:
+            wf = api.workflow(resource_settings=ResourceSettings(cores=1),
+                              snakefile=Path("Snakefile"), workdir=Path("."))
+            dag_api = wf.dag(DAGSettings(targets=set(targets), forceall=True))
+            workflow = dag_api.workflow_api._workflow
+            workflow._prepare_dag(forceall=True, ignore_incomplete=True, lock_warn_only=True, nolock=True)
+            workflow._build_dag()
+            for job in workflow.dag.jobs:
+                if job.rule.name == "all":
+                    continue
+                name = f"{job.rule.name}@{_stage_key(dict(job.wildcards.items()))}"
+                tracked = getattr(job.params, "tracked", {}) or {}
+                records[name] = StageRecord(
+                    name=name,
+                    cmd=" ".join(job.shellcmd.split()),
+                    deps=frozenset(str(p) for p in job.input),
+                    outs=frozenset(str(p) for p in job.output),
+                    params=frozenset(tracked),
+                )
+    return records
+
+
+def dvc_records(workdir: Path) -> dict[str, StageRecord]:
+    from dvc.dependency.param import ParamsDependency
+    from dvc.repo import Repo
+
+    records = {}
+    with _cwd(workdir):
+        repo = Repo(".")
+        for stage in repo.index.stages:
+            params, deps = set(), set()
+            for dep in stage.deps:
+                if isinstance(dep, ParamsDependency):
+                    params.update(dep.params)
+                else:
+                    deps.add(dep.def_path)
+            records[stage.addressing] = StageRecord(
+                name=stage.addressing,
+                cmd=" ".join(stage.cmd.split()),
+                deps=frozenset(deps),
+                outs=frozenset(o.def_path for o in stage.outs),
+                params=frozenset(params),
+            )
+        repo.close()
+    return records
+
+
+def deps_match(snake_inputs: frozenset, dvc_deps: frozenset) -> list[str]:
+    """Differences between Snakemake's file inputs and DVC's deps, where a DVC folder dep
+    stands for the files under it. Returns human-readable problems (empty = equal)."""
+    problems = []
+
+    def covered(path, dep):
+        return path == dep or path.startswith(dep.rstrip("/") + "/")
+
+    for path in sorted(snake_inputs):
+        if not any(covered(path, dep) for dep in dvc_deps):
+            problems.append(f"Snakemake input {path} is not a DVC dep")
+    for dep in sorted(dvc_deps):
+        if not any(covered(path, dep) for path in snake_inputs):
+            problems.append(f"DVC dep {dep} is not a Snakemake input")
+    return problems

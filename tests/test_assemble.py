@@ -1,0 +1,105 @@
+"""CuKe assembly: threshold and verdicts, held-out validation, infilling split exactness."""
+
+from __future__ import annotations
+
+import pytest
+
+from dicepipe.data import cuke
+from dicepipe.data.infill import split_for_infilling
+from dicepipe.data.prompts import end_to_end_prompt
+
+CUDA_FILE = '''import torch
+import torch.nn as nn
+from torch.utils.cpp_extension import load_inline
+
+# elementwise add
+add_source = r"""
+#include <torch/extension.h>
+__global__ void k(const float* a, float* o, int n) { int i = threadIdx.x; if (i < n) o[i] = a[i]; }
+torch::Tensor f(torch::Tensor a) { auto o = torch::empty_like(a); return o; }
+"""  # the core ends here
+
+add_decl = "torch::Tensor f(torch::Tensor a);"
+ext = load_inline(name="e", cpp_sources=add_decl, cuda_sources=add_source, functions=["f"])
+
+
+class ModelNew(nn.Module):
+    def forward(self, a):
+        return ext.f(a)
+'''
+
+
+def test_infill_split_reproduces_the_file_exactly():
+    prefix, core, suffix = split_for_infilling(CUDA_FILE)
+    assert prefix + core + suffix == CUDA_FILE
+    assert core.startswith("add_source = r\"\"\"") and "__global__" in core
+    assert "load_inline" in prefix and "load_inline(" not in prefix.split("import")[-1]
+    assert suffix.lstrip().startswith("add_decl")
+    assert split_for_infilling("x = 1\n") is None
+    assert split_for_infilling("def broken(:\n") is None
+
+
+def _sample(i, ref=None, level=1, source="seed"):
+    return {"sample_id": f"s{i:02d}", "source": source, "task_name": f"t{i}", "level": level,
+            "backend": "cpu", "reference_code": ref or f"class Model: pass  # {i}\n",
+            "candidate_code": CUDA_FILE, "reasoning": None, "reported_speedup": None}
+
+
+def _m(speedup, correct=True, robust=True, compiled=True):
+    return {"compiled": compiled, "correct": correct, "correct_robust": robust, "speedup_median": speedup}
+
+
+@pytest.mark.parametrize("m, why", [
+    (None, "not_measured"), (_m(3, compiled=False), "not_compiled"), (_m(3, correct=False), "incorrect"),
+    (_m(3, robust=False), "flagged"), (_m(None), "no_speedup"), (_m(1.9), "below_threshold"),
+    (_m(2.0), "kept"), (_m(float("nan")), "no_speedup"),
+])
+def test_verdicts(m, why):
+    assert cuke.verdict(m, 2.0, robust=True) == why
+
+
+def test_flagged_counts_when_not_robust():
+    assert cuke.verdict(_m(3, robust=False), 2.0, robust=False) == "kept"
+
+
+SETTINGS = {"speedup_threshold": 2.0, "robust": True, "val_fraction": 0.25, "min_val_samples": 1, "seed": 0}
+
+
+def test_assemble_splits_and_holds_out_whole_references():
+    samples = [_sample(i, level=1 + i % 3) for i in range(8)]
+    # two kernels for one reference: they must land on the same side of the split
+    samples.append(_sample(8, ref=samples[0]["reference_code"]))
+    speedups = [3.0, 1.2, 2.5, 0.8, 4.0, 2.0, 1.99, 5.0, 2.2]
+    measurements = {s["sample_id"]: _m(x) for s, x in zip(samples, speedups)}
+    structural = [_sample(20, source="structural", level=None)]
+    splits, stats = cuke.assemble(samples, measurements, structural, SETTINGS)
+    assert stats["reasons"]["kept"] == 6 and stats["reasons"]["below_threshold"] == 3
+    val_refs = {r["reference_code"] for r in splits["val"]}
+    assert val_refs, "validation must not be empty"
+    for split in ("rl_e2e",):
+        assert not val_refs & {r["reference_code"] for r in splits[split]}
+    sft_ids = {r["sample_id"] for r in splits["sft"]}
+    for s in samples:
+        if s["reference_code"] in val_refs:
+            assert s["sample_id"] not in sft_ids
+    assert any(r["origin"] == "structural" for r in splits["sft"]) or any(
+        r["reference_code"] == structural[0]["reference_code"] for r in splits["val"])
+    levels = [r["level"] for r in splits["rl_e2e"]]
+    assert levels == sorted(levels), "rl_e2e is ordered single operators first"
+    for row in splits["rl_infill"]:
+        assert row["prefix"] + row["core"] + row["suffix"] == row["candidate_code"]
+    # deterministic and order-independent
+    again, _ = cuke.assemble(list(reversed(samples)), measurements, structural, SETTINGS)
+    assert again == splits
+
+
+def test_threshold_change_changes_only_the_kept_set():
+    samples = [_sample(i) for i in range(6)]
+    measurements = {s["sample_id"]: _m(x) for s, x in zip(samples, [1.6, 2.1, 2.6, 3.0, 0.5, 1.0])}
+    counts = cuke.kept_at_thresholds(samples, measurements, [1.5, 2.0, 2.5], robust=True)
+    assert counts == {"1.5": 4, "2.0": 3, "2.5": 2}
+
+
+def test_prompt_carries_reference_and_backend_language():
+    cpu, cuda = end_to_end_prompt("class Model: pass", "cpu"), end_to_end_prompt("class Model: pass", "cuda")
+    assert "class Model: pass" in cpu and "OpenMP" in cpu and "__global__" in cuda

@@ -1,0 +1,140 @@
+"""CuKe assembly as pure functions: verdicts, threshold, held-out split and the four splits.
+
+A corpus sample is kept for SFT when its measured kernel is correct (robust verdict by
+default) and its median speedup over PyTorch eager is at least the threshold. Structural
+samples (augment) were verified when generated and join as they are. Validation holds out
+whole reference programs (by a seeded hash), never seen by SFT or RL training."""
+
+from __future__ import annotations
+
+import hashlib
+from collections import Counter
+
+from . import prompts
+from .extract import normalise_code
+from .infill import split_for_infilling
+
+STRUCTURAL_LEVEL = 3
+
+
+def verdict(measurement: dict | None, threshold: float, robust: bool) -> str:
+    """Why a corpus sample is kept or not: kept | not_measured | not_compiled | incorrect |
+    flagged | no_speedup | below_threshold."""
+    if measurement is None:
+        return "not_measured"
+    if not measurement.get("compiled"):
+        return "not_compiled"
+    if not measurement.get("correct"):
+        return "incorrect"
+    if robust and not measurement.get("correct_robust"):
+        return "flagged"
+    speedup = measurement.get("speedup_median")
+    if speedup is None or speedup != speedup:  # NaN
+        return "no_speedup"
+    return "kept" if speedup >= threshold else "below_threshold"
+
+
+def is_solution(measurement: dict | None, robust: bool) -> bool:
+    """A working (correct) kernel exists for this reference, whatever its speed."""
+    return verdict(measurement, float("inf"), robust) in ("below_threshold", "kept")
+
+
+def reference_key(reference_code: str) -> str:
+    return hashlib.sha256(normalise_code(reference_code).encode()).hexdigest()[:16]
+
+
+def held_out_references(reference_keys: list[str], fraction: float, minimum: int, seed: int) -> set[str]:
+    """A seeded, order-independent choice of reference programs for validation."""
+    unique = sorted(set(reference_keys))
+    ranked = sorted(unique, key=lambda k: hashlib.sha256(f"{seed}:{k}".encode()).hexdigest())
+    count = max(round(fraction * len(unique)), min(minimum, len(unique) - 1)) if unique else 0
+    return set(ranked[:max(count, 0)])
+
+
+def assemble(samples: list[dict], measurements: dict[str, dict], structural: list[dict],
+             settings: dict) -> tuple[dict[str, list[dict]], dict]:
+    """Return the splits {sft, rl_infill, rl_e2e, val} (lists of rows) and stats."""
+    threshold, robust = settings["speedup_threshold"], settings["robust"]
+    reasons: Counter = Counter()
+    per_source: Counter = Counter()
+    per_level: Counter = Counter()
+    kept, solved = [], []
+    for sample in samples:
+        m = measurements.get(sample["sample_id"])
+        why = verdict(m, threshold, robust)
+        reasons[why] += 1
+        if why == "kept":
+            kept.append(sample)
+        if is_solution(m, robust):
+            solved.append(sample)
+    for row in structural:
+        kept.append({**row, "level": row.get("level") or STRUCTURAL_LEVEL})
+        solved.append(kept[-1])
+        reasons["structural"] += 1
+
+    kept.sort(key=lambda s: s["sample_id"])
+    solved.sort(key=lambda s: s["sample_id"])
+    val_keys = held_out_references([reference_key(s["reference_code"]) for s in solved],
+                                   settings["val_fraction"], settings["min_val_samples"], settings["seed"])
+
+    def held_out(sample):
+        return reference_key(sample["reference_code"]) in val_keys
+
+    splits = {"sft": [], "rl_infill": [], "rl_e2e": [], "val": []}
+    seen_sft = set()
+    for sample in kept:
+        if held_out(sample) or sample["sample_id"] in seen_sft:
+            continue
+        seen_sft.add(sample["sample_id"])
+        origin = "structural" if sample["source"] == "structural" else "corpus"
+        per_source[sample["source"]] += 1
+        per_level[str(sample.get("level"))] += 1
+        splits["sft"].append({
+            "sample_id": sample["sample_id"], "origin": origin, "level": sample.get("level"),
+            "prompt": prompts.end_to_end_prompt(sample["reference_code"], sample["backend"]),
+            "response": prompts.response_text(sample["candidate_code"]),
+        })
+        pieces = split_for_infilling(sample["candidate_code"])
+        if pieces is None:
+            reasons["infill_no_core"] += 1
+            continue
+        prefix, core, suffix = pieces
+        splits["rl_infill"].append({
+            "sample_id": sample["sample_id"], "reference_code": sample["reference_code"],
+            "candidate_code": sample["candidate_code"], "prefix": prefix, "core": core,
+            "suffix": suffix,
+            "prompt": prompts.infilling_prompt(sample["reference_code"], prefix, suffix, sample["backend"]),
+        })
+    seen_refs: dict[str, set] = {"rl_e2e": set(), "val": set()}
+    for sample in solved:
+        split = "val" if held_out(sample) else "rl_e2e"
+        key = reference_key(sample["reference_code"])
+        if key in seen_refs[split]:
+            continue
+        seen_refs[split].add(key)
+        splits[split].append({
+            "sample_id": sample["sample_id"], "level": int(sample.get("level") or 1),
+            "reference_code": sample["reference_code"],
+            "prompt": prompts.end_to_end_prompt(sample["reference_code"], sample["backend"]),
+        })
+    for split in ("rl_e2e", "val"):  # curriculum: single operators first, whole models last
+        splits[split].sort(key=lambda r: (r["level"], r["sample_id"]))
+    for split in ("sft", "rl_infill"):
+        splits[split].sort(key=lambda r: r["sample_id"])
+    stats = {
+        "speedup_threshold": threshold,
+        "robust": robust,
+        "samples": len(samples),
+        "structural": len(structural),
+        "reasons": dict(sorted(reasons.items())),
+        "sft_per_source": dict(sorted(per_source.items())),
+        "sft_per_level": dict(sorted(per_level.items())),
+        "split_sizes": {k: len(v) for k, v in splits.items()},
+    }
+    return splits, stats
+
+
+def kept_at_thresholds(samples: list[dict], measurements: dict[str, dict], thresholds, robust: bool) -> dict:
+    """How many corpus samples each threshold would keep (the ablation at a glance)."""
+    return {str(t): sum(verdict(measurements.get(s["sample_id"]), t, robust) == "kept" for s in samples)
+            for t in thresholds}

@@ -1,0 +1,109 @@
+"""`dicepipe verify` / `dicepipe verify-gather`: measure every ingested sample with the harness.
+
+verify measures and records; it never filters (the threshold lives in assemble, so changing
+it never re-runs measurement). Work is split into shards by a stable hash of the sample id;
+each shard writes its rows as they finish into a resume file outside the declared output
+(Snakemake and DVC both delete declared outputs of a failed job), so a killed shard resumes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from ..data.schema import SAMPLE_SCHEMA, read_table, write_table
+from ..errors import StageInputError
+
+log = logging.getLogger(__name__)
+RESUME_DIR = Path(".cache/dicepipe/resume/verify")
+
+
+def add_arguments(parser) -> None:
+    parser.add_argument("--corpus", required=True)
+    parser.add_argument("--samples", required=True, help="ingested samples parquet")
+    parser.add_argument("--shard", required=True, help="which shard, as 'I-of-N' (1-based)")
+    parser.add_argument("--out", required=True, help="this shard's measurements parquet")
+
+
+def add_gather_arguments(parser) -> None:
+    parser.add_argument("--corpus", required=True)
+    parser.add_argument("--shards-dir", required=True,
+                        help="folder holding <shard>.parquet for every id in verify.shards")
+    parser.add_argument("--out", required=True, help="joined measurements parquet")
+
+
+def parse_shard(text: str) -> tuple[int, int]:
+    try:
+        index, total = (int(x) for x in text.split("-of-"))
+    except ValueError:
+        raise StageInputError(f"--shard {text!r}: expected 'I-of-N', e.g. 1-of-4.") from None
+    if not 1 <= index <= total:
+        raise StageInputError(f"--shard {text!r}: I must lie in 1..N.")
+    return index, total
+
+
+def shard_of(sample_id: str, total: int) -> int:
+    """1-based shard of a sample: stable whatever else is in the corpus."""
+    return int(hashlib.sha256(sample_id.encode()).hexdigest()[:8], 16) % total + 1
+
+
+def _settings_key(samples_path: Path, params: dict, shard: str) -> str:
+    digest = hashlib.sha256()
+    digest.update(samples_path.read_bytes())
+    digest.update(json.dumps([params["harness"], params["verify"], shard], sort_keys=True).encode())
+    return digest.hexdigest()[:16]
+
+
+def run(args, params: dict) -> int:
+    from ..harness import HarnessSettings, Job, evaluate
+
+    index, total = parse_shard(args.shard)
+    samples = read_table(args.samples, SAMPLE_SCHEMA).to_pylist()
+    mine = [s for s in samples if shard_of(s["sample_id"], total) == index]
+    log.info("corpus %s shard %s: %d of %d samples", args.corpus, args.shard, len(mine), len(samples))
+    settings = HarnessSettings.from_params(
+        params["harness"],
+        repeats=params["verify"]["repeats"],
+        decision_thresholds=params["verify"]["decision_thresholds"],
+    )
+    jobs = [Job(job_id=s["sample_id"], reference_code=s["reference_code"],
+                candidate_code=s["candidate_code"], backend=s["backend"]) for s in mine]
+    key = _settings_key(Path(args.samples), params, args.shard)
+    resume_path = RESUME_DIR / args.corpus / f"{args.shard}-{key}.parquet"
+    resume_path.parent.mkdir(parents=True, exist_ok=True)
+    table = evaluate(jobs, settings, results_path=resume_path, progress=True)
+    order = {job.job_id: i for i, job in enumerate(jobs)}
+    table = _sorted_by(table, "job_id", order)
+    write_table(table, args.out)
+    log.info("shard %s: %d rows, %d correct", args.shard, table.num_rows,
+             pc.sum(table.column("correct")).as_py() or 0)
+    return 0
+
+
+def _sorted_by(table: pa.Table, column: str, order: dict) -> pa.Table:
+    ranks = pa.array([order[v] for v in table.column(column).to_pylist()], pa.int64())
+    return table.take(pc.sort_indices(ranks))
+
+
+def run_gather(args, params: dict) -> int:
+    import pyarrow.parquet as pq
+
+    tables = []
+    for shard in params["verify"]["shards"]:
+        path = Path(args.shards_dir) / f"{shard}.parquet"
+        if not Path(path).is_file():
+            raise StageInputError(f"{path}: missing shard; run `dicepipe verify` for it first.")
+        tables.append(pq.read_table(path))
+    table = pa.concat_tables(tables, promote_options="default") if tables else pa.table({})
+    ids = table.column("job_id").to_pylist()
+    if len(ids) != len(set(ids)):
+        raise StageInputError("verify shards overlap (a sample measured twice): re-run them with one N.")
+    table = table.take(pc.sort_indices(table.column("job_id")))
+    write_table(table, args.out)
+    log.info("gathered %d shards of corpus %s: %d measurements", len(tables), args.corpus, table.num_rows)
+    return 0

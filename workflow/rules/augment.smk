@@ -1,0 +1,20 @@
+rule augment:
+    input:
+        code("stages/augment.py", "augment", "harness"),
+    output:
+        structural="data/augment/{corpus}/structural.parquet",
+        attempts="data/augment/{corpus}/attempts.parquet",
+        report="data/augment/{corpus}/report.json",
+    log:
+        "logs/augment/{corpus}.log",
+    params:
+        tracked=tracked("corpora.{corpus}", "augment", "harness"),
+    conda:
+        "../../envs/dicepipe.yaml"
+    threads: workflow.cores
+    resources:
+        gpu=lambda wc: int(corpus_backend(wc.corpus) == "cuda"),
+        mem_mb=8000,
+    shell:
+        "dicepipe augment --corpus {wildcards.corpus} --out data/augment/{wildcards.corpus}"
+        " --log {log}"

@@ -1,0 +1,21 @@
+rule sft:
+    input:
+        data=lambda wc: f"data/cuke/{scale_corpus(wc)}/sft.parquet",
+        code=code("stages/sft.py", "model", "train"),
+    output:
+        model=directory("models/sft/{scale}"),
+        summary="metrics/sft/{scale}/summary.json",
+        steps="metrics/sft/{scale}/steps.tsv",
+    log:
+        "logs/sft/{scale}.log",
+    params:
+        tracked=tracked("scales.{scale}", "models.{model}", "sft.defaults", "sft.overrides.{scale}"),
+    conda:
+        "../../envs/dicepipe.yaml"
+    threads: workflow.cores
+    resources:
+        gpu=lambda wc: int(config["scales"][wc.scale]["backend"] == "cuda"),
+        mem_mb=16000,
+    shell:
+        "dicepipe sft --scale {wildcards.scale} --data {input.data} --out {output.model}"
+        " --metrics metrics/sft/{wildcards.scale} --log {log}"

@@ -1,0 +1,40 @@
+# Measurement is sharded (scatter) and joined (gather). It never filters: the threshold is
+# applied by assemble, so changing it never re-runs these rules.
+
+
+rule verify:
+    input:
+        samples="data/ingest/{corpus}/samples.parquet",
+        code=code("stages/verify.py", "harness"),
+    output:
+        "data/verify/{corpus}/shards/{shard}.parquet",
+    log:
+        "logs/verify/{corpus}-{shard}.log",
+    params:
+        tracked=tracked("corpora.{corpus}", "harness", "verify"),
+    conda:
+        "../../envs/dicepipe.yaml"
+    threads: workflow.cores
+    resources:
+        gpu=lambda wc: int(corpus_backend(wc.corpus) == "cuda"),
+        mem_mb=8000,
+    shell:
+        "dicepipe verify --corpus {wildcards.corpus} --samples {input.samples}"
+        " --shard {wildcards.shard} --out {output} --log {log}"
+
+
+rule verify_gather:
+    input:
+        shards=expand("data/verify/{{corpus}}/shards/{shard}.parquet", shard=SHARDS),
+        code=code("stages/verify.py"),
+    output:
+        "data/verify/{corpus}/measurements.parquet",
+    log:
+        "logs/verify_gather/{corpus}.log",
+    params:
+        tracked=tracked("verify.shards"),
+    conda:
+        "../../envs/dicepipe.yaml"
+    shell:
+        "dicepipe verify-gather --corpus {wildcards.corpus}"
+        " --shards-dir data/verify/{wildcards.corpus}/shards --out {output} --log {log}"
