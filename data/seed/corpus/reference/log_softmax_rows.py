@@ -1,0 +1,23 @@
+import torch
+import torch.nn as nn
+
+BATCH = 256
+DIM = 4096
+
+
+class Model(nn.Module):
+    """Log-softmax over the last dimension."""
+
+    def __init__(self):
+        super().__init__()
+
+    def forward(self, x):
+        return torch.log_softmax(x, dim=-1)
+
+
+def get_inputs():
+    return [torch.randn(BATCH, DIM) * 3.0]
+
+
+def get_init_inputs():
+    return []
