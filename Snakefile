@@ -9,6 +9,14 @@ configfile: "params.yaml"
 
 
 include: "workflow/rules/common.smk"
+
+
+wildcard_constraints:
+    scale="|".join(re.escape(s) for s in SCALES),
+    corpus="|".join(re.escape(c) for c in CORPORA),
+    shard="|".join(re.escape(s) for s in SHARDS),
+
+
 include: "workflow/rules/ingest.smk"
 include: "workflow/rules/verify.smk"
 include: "workflow/rules/augment.smk"
@@ -17,6 +25,6 @@ include: "workflow/rules/sft.smk"
 
 
 rule all:
+    default_target: True
     input:
         expand("models/sft/{scale}", scale=config["default_scales"]),
-    default_target: True

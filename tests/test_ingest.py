@@ -183,3 +183,21 @@ def test_extraction_rules():
     assert extract.pick_block(text, "last") == "print(2)\n"
     assert extract.pick_block("no fences", "first") is None
     assert extract.reference_from_prompt(_prompt(REFERENCE)).startswith("import torch")
+
+
+def test_benchmark_layouts_agree(kernelbench_parquet, tmp_path):
+    """The shared KernelBench parquet and the same tasks laid out as a checkout load alike."""
+    import pyarrow.parquet as pq
+
+    from dicepipe.data.benchmark import load_benchmark
+
+    from_parquet = load_benchmark({"kind": "parquet", "path": str(kernelbench_parquet), "levels": [1, 2, 3]})
+    assert from_parquet.num_rows == 250
+    for row in pq.read_table(kernelbench_parquet).to_pylist():
+        folder = tmp_path / f"level{row['level']}"
+        folder.mkdir(exist_ok=True)
+        (folder / f"{row['name']}.py").write_text(row["code"])
+    from_dir = load_benchmark({"kind": "kernelbench_dir", "path": str(tmp_path), "levels": [1, 2, 3]})
+    assert from_dir.to_pylist() == from_parquet.to_pylist()
+    counts = {lvl: from_dir.column("level").to_pylist().count(lvl) for lvl in (1, 2, 3)}
+    assert counts == {1: 100, 2: 100, 3: 50}

@@ -66,10 +66,25 @@ def test_every_dvc_stage_is_a_snakemake_rule(workspace, dvc_stages):
     assert set(snake) <= set(dvc_stages)
 
 
-def test_snakemake_lint_is_clean(repo_root):
+def test_snakemake_lint_and_format_are_clean(repo_root):
     result = subprocess.run([sys.executable, "-m", "snakemake", "--lint", "-n"], cwd=repo_root,
                             capture_output=True, text=True)
     assert result.returncode == 0, result.stdout + result.stderr
+    assert "good condition" in result.stdout + result.stderr
+    snakefmt = Path(sys.executable).parent / "snakefmt"
+    if snakefmt.exists():
+        fmt = subprocess.run([snakefmt, "--check", "Snakefile", "workflow/rules"], cwd=repo_root,
+                             capture_output=True, text=True)
+        assert fmt.returncode == 0, fmt.stdout + fmt.stderr
+
+
+def test_profiles_and_envs_parse(repo_root):
+    default = yaml.safe_load((repo_root / "profiles/default/config.yaml").read_text())
+    assert default["resources"]["gpu"] >= 1, "the gpu resource must be a real limit"
+    slurm = yaml.safe_load((repo_root / "profiles/slurm/config.yaml").read_text())
+    assert slurm["executor"] == "slurm"
+    env = yaml.safe_load((repo_root / "envs/dicepipe.yaml").read_text())
+    assert any(isinstance(d, dict) and "pip" in d for d in env["dependencies"])
 
 
 def test_dvc_dag_lists_same_stages_as_stage_list(workspace, dvc_stages):

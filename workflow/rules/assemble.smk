@@ -13,10 +13,10 @@ rule assemble:
         plot="data/cuke/{corpus}/speedups.png",
     log:
         "logs/assemble/{corpus}.log",
-    params:
-        tracked=tracked("assemble", "verify.decision_thresholds"),
     conda:
         "../../envs/dicepipe.yaml"
+    params:
+        tracked=tracked("assemble", "verify.decision_thresholds"),
     shell:
         "dicepipe assemble --corpus {wildcards.corpus} --samples {input.samples}"
         " --measurements {input.measurements} --structural {input.structural}"

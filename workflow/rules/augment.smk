@@ -7,14 +7,14 @@ rule augment:
         report="data/augment/{corpus}/report.json",
     log:
         "logs/augment/{corpus}.log",
-    params:
-        tracked=tracked("corpora.{corpus}", "augment", "harness"),
     conda:
         "../../envs/dicepipe.yaml"
     threads: workflow.cores
     resources:
         gpu=lambda wc: int(corpus_backend(wc.corpus) == "cuda"),
         mem_mb=8000,
+    params:
+        tracked=tracked("corpora.{corpus}", "augment", "harness"),
     shell:
         "dicepipe augment --corpus {wildcards.corpus} --out data/augment/{wildcards.corpus}"
         " --log {log}"

@@ -1,11 +1,10 @@
-# Helpers shared by every rule file: schema validation, wildcard constraints, the params each
+# Helpers shared by all rule files. Schema validation, wildcard constraints, the params each
 # rule tracks, and the code each rule depends on.
 import re
 from pathlib import Path
 
 import yaml
 from snakemake.utils import validate
-
 
 # Both runners must read the same values: the CLI reads params.yaml itself, so a value set
 # with --config/--configfile would reach Snakemake's bookkeeping but not the stage.
@@ -26,12 +25,6 @@ SHARDS = list(config["verify"]["shards"])
 PACKAGE = "workflow/dicepipe"
 
 
-wildcard_constraints:
-    scale="|".join(re.escape(s) for s in SCALES),
-    corpus="|".join(re.escape(c) for c in CORPORA),
-    shard="|".join(re.escape(s) for s in SHARDS),
-
-
 def lookup_key(dotted, wildcards):
     """Resolve a dotted params key; {corpus}/{scale}/{model} come from the wildcards."""
     names = dict(wildcards.items())
@@ -47,7 +40,8 @@ def lookup_key(dotted, wildcards):
 
 def tracked(*keys):
     """The params a rule's stage reads (the same keys its DVC stage lists), as one value
-    Snakemake compares between runs: editing any of them re-runs the rule, nothing else does."""
+    Snakemake compares between runs: editing any of them re-runs the rule, nothing else does.
+    """
 
     def _params(wildcards):
         return dict(lookup_key(k, wildcards) for k in keys)
@@ -60,7 +54,9 @@ def code(*parts):
     files = []
     for part in parts:
         path = Path(PACKAGE) / part
-        files += sorted(str(p) for p in path.rglob("*.py")) if path.is_dir() else [str(path)]
+        files += (
+            sorted(str(p) for p in path.rglob("*.py")) if path.is_dir() else [str(path)]
+        )
     return files
 
 

@@ -7,12 +7,12 @@ rule ingest:
         report="data/ingest/{corpus}/report.json",
     log:
         "logs/ingest/{corpus}.log",
-    params:
-        tracked=tracked("corpora.{corpus}", "ingest"),
     conda:
         "../../envs/dicepipe.yaml"
     resources:
         mem_mb=4000,
+    params:
+        tracked=tracked("corpora.{corpus}", "ingest"),
     shell:
         "dicepipe ingest --corpus {wildcards.corpus} --out {output.samples}"
         " --report {output.report} --log {log}"

@@ -8,14 +8,16 @@ rule sft:
         steps="metrics/sft/{scale}/steps.tsv",
     log:
         "logs/sft/{scale}.log",
-    params:
-        tracked=tracked("scales.{scale}", "models.{model}", "sft.defaults", "sft.overrides.{scale}"),
     conda:
         "../../envs/dicepipe.yaml"
     threads: workflow.cores
     resources:
         gpu=lambda wc: int(config["scales"][wc.scale]["backend"] == "cuda"),
         mem_mb=16000,
+    params:
+        tracked=tracked(
+            "scales.{scale}", "models.{model}", "sft.defaults", "sft.overrides.{scale}"
+        ),
     shell:
         "dicepipe sft --scale {wildcards.scale} --data {input.data} --out {output.model}"
         " --metrics metrics/sft/{wildcards.scale} --log {log}"

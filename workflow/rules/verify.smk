@@ -10,14 +10,14 @@ rule verify:
         "data/verify/{corpus}/shards/{shard}.parquet",
     log:
         "logs/verify/{corpus}-{shard}.log",
-    params:
-        tracked=tracked("corpora.{corpus}", "harness", "verify"),
     conda:
         "../../envs/dicepipe.yaml"
     threads: workflow.cores
     resources:
         gpu=lambda wc: int(corpus_backend(wc.corpus) == "cuda"),
         mem_mb=8000,
+    params:
+        tracked=tracked("corpora.{corpus}", "harness", "verify"),
     shell:
         "dicepipe verify --corpus {wildcards.corpus} --samples {input.samples}"
         " --shard {wildcards.shard} --out {output} --log {log}"
@@ -31,10 +31,10 @@ rule verify_gather:
         "data/verify/{corpus}/measurements.parquet",
     log:
         "logs/verify_gather/{corpus}.log",
-    params:
-        tracked=tracked("verify.shards"),
     conda:
         "../../envs/dicepipe.yaml"
+    params:
+        tracked=tracked("verify.shards"),
     shell:
         "dicepipe verify-gather --corpus {wildcards.corpus}"
         " --shards-dir data/verify/{wildcards.corpus}/shards --out {output} --log {log}"

@@ -1,0 +1,120 @@
+"""Build, check and time every pair of the shipped seed corpus (data/seed/corpus) on this CPU.
+
+For each pair: build the kernel file (load_inline at import), compare ModelNew with Model on
+several seeds (both models built right after the same torch.manual_seed, fresh inputs per seed,
+torch.allclose at atol=rtol=1e-4), then time both on one input set: warm-up calls, then `calls`
+interleaved calls of each, median wall time per call.
+
+    TORCH_EXTENSIONS_DIR=.cache/dicepipe/seed-check .venv/bin/python bench/seed_corpus.py \
+        [--names relu swiglu ...] [--seeds 3] [--calls 30] [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from pathlib import Path
+
+import torch
+
+CORPUS = Path(__file__).resolve().parent.parent / "data" / "seed" / "corpus"
+TOLERANCE = 1e-4
+
+
+def load_namespace(path: Path) -> dict:
+    namespace = {"__name__": f"seed_{path.parent.name}_{path.stem}"}
+    exec(compile(path.read_text(), str(path), "exec"), namespace)
+    return namespace
+
+
+def build_models(ref_ns: dict, new_ns: dict, seed: int):
+    init_inputs = ref_ns["get_init_inputs"]()
+    torch.manual_seed(seed)
+    reference = ref_ns["Model"](*init_inputs)
+    torch.manual_seed(seed)
+    candidate = new_ns["ModelNew"](*init_inputs)
+    return reference, candidate
+
+
+def make_inputs(ref_ns: dict, seed: int) -> list:
+    torch.manual_seed(seed + 1000)
+    inputs = ref_ns["get_inputs"]()
+    for tensor in inputs:
+        if tensor.is_floating_point():
+            # Inputs of one sign hide wrong branches (relu == identity on rand()).
+            assert tensor.min() < 0 < tensor.max(), "seed inputs must have both signs"
+    return inputs
+
+
+def check_pair(ref_ns: dict, new_ns: dict, seeds: int) -> float:
+    worst = 0.0
+    for seed in range(seeds):
+        reference, candidate = build_models(ref_ns, new_ns, seed)
+        inputs = make_inputs(ref_ns, seed)
+        expected = reference(*inputs)
+        actual = candidate(*inputs)
+        assert actual.shape == expected.shape, f"shape {tuple(actual.shape)} != {tuple(expected.shape)}"
+        worst = max(worst, (actual - expected).abs().max().item())
+        assert torch.allclose(actual, expected, atol=TOLERANCE, rtol=TOLERANCE), f"seed {seed}: max abs error {worst:.3g}"
+    return worst
+
+
+def median_call_ms(model, inputs: list, calls: int) -> list[float]:
+    times = []
+    for _ in range(calls):
+        start = time.perf_counter()
+        model(*inputs)
+        times.append((time.perf_counter() - start) * 1e3)
+    return times
+
+
+def time_pair(ref_ns: dict, new_ns: dict, calls: int, warmup: int = 5) -> tuple[float, float]:
+    reference, candidate = build_models(ref_ns, new_ns, 0)
+    inputs = make_inputs(ref_ns, 0)
+    for _ in range(warmup):
+        reference(*inputs)
+        candidate(*inputs)
+    ref_ms, new_ms = [], []
+    # Interleaved in small groups so that load from other processes hits both sides alike.
+    for _ in range(calls // 5):
+        ref_ms += median_call_ms(reference, inputs, 5)
+        new_ms += median_call_ms(candidate, inputs, 5)
+    return statistics.median(ref_ms), statistics.median(new_ms)
+
+
+def run_pair(name: str, seeds: int, calls: int) -> dict:
+    ref_ns = load_namespace(CORPUS / "reference" / f"{name}.py")
+    start = time.perf_counter()
+    new_ns = load_namespace(CORPUS / "kernels" / f"{name}.py")
+    build_s = time.perf_counter() - start
+    with torch.inference_mode():
+        max_abs_error = check_pair(ref_ns, new_ns, seeds)
+        ref_ms, new_ms = time_pair(ref_ns, new_ns, calls)
+    return {"name": name, "build_s": round(build_s, 1), "max_abs_error": max_abs_error,
+            "ref_ms": ref_ms, "new_ms": new_ms, "speedup": ref_ms / new_ms}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--names", nargs="*", help="pair names (default: all)")
+    parser.add_argument("--seeds", type=int, default=3)
+    parser.add_argument("--calls", type=int, default=30)
+    parser.add_argument("--json", type=Path, help="also write the rows here")
+    args = parser.parse_args()
+    names = args.names or sorted(p.stem for p in (CORPUS / "reference").glob("*.py"))
+    rows = []
+    for name in names:
+        try:
+            row = run_pair(name, args.seeds, args.calls)
+        except Exception as exc:  # report every pair, even after one fails
+            row = {"name": name, "error": f"{type(exc).__name__}: {exc}"[:300]}
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+    if args.json:
+        args.json.write_text(json.dumps(rows, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,167 @@
+"""The whole `tiny` pipeline under both runners, in throwaway copies of the repository:
+every stage produces its outputs; a threshold change re-runs exactly assemble and what
+follows (never verify); artifacts round-trip through a DVC remote; transforms are
+byte-identical on a re-run. Measurement settings are trimmed for speed (fewer timing
+trials); the shipped corpus, model spec and stages are the real ones."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from dag_tools import WORKFLOW_FILES
+
+pytestmark = pytest.mark.slow
+
+BIN = Path(sys.executable).parent
+TINY_TARGET = "models/sft/tiny"
+
+
+def _env() -> dict:
+    env = dict(os.environ)
+    env["PATH"] = f"{BIN}{os.pathsep}{env['PATH']}"
+    env.update(DVC_NO_ANALYTICS="1", HF_HUB_OFFLINE="1", GIT_AUTHOR_NAME="t", GIT_AUTHOR_EMAIL="t@t",
+               GIT_COMMITTER_NAME="t", GIT_COMMITTER_EMAIL="t@t")
+    return env
+
+
+def sh(args, cwd, check=True) -> subprocess.CompletedProcess:
+    result = subprocess.run(args, cwd=cwd, env=_env(), capture_output=True, text=True)
+    if check and result.returncode != 0:
+        raise AssertionError(f"{' '.join(map(str, args))} failed ({result.returncode}):\n"
+                             f"{result.stdout[-4000:]}\n{result.stderr[-4000:]}")
+    return result
+
+
+def fast_params(path: Path) -> None:
+    """Trim measurement effort; keep every stage and the shipped data."""
+    params = yaml.safe_load(path.read_text())
+    params["verify"]["repeats"] = 1
+    params["harness"].update(correct_trials=2, warmup_trials=1, timing_trials=5)
+    params["sft"]["overrides"]["tiny"].update(epochs=2)
+    params["augment"].update(attempts=1)
+    path.write_text(yaml.safe_dump(params, sort_keys=False))
+
+
+def make_workspace(repo_root: Path, dest: Path) -> Path:
+    for name in WORKFLOW_FILES + ["data/seed", ".dvc/config", "pyproject.toml"]:
+        src = repo_root / name
+        (dest / name).parent.mkdir(parents=True, exist_ok=True)
+        if src.is_dir():
+            shutil.copytree(src, dest / name, ignore=shutil.ignore_patterns("__pycache__", "tmp"))
+        elif src.exists():
+            shutil.copy2(src, dest / name)
+    # share the extension build cache: a source seen before never builds again
+    (repo_root / ".cache").mkdir(exist_ok=True)
+    (dest / ".cache").symlink_to(repo_root / ".cache")
+    (dest / ".gitignore").write_text((repo_root / ".gitignore").read_text())
+    fast_params(dest / "params.yaml")
+    sh(["git", "init", "-q"], dest)
+    sh(["git", "add", "-A"], dest)
+    sh(["git", "commit", "-qm", "init"], dest)
+    return dest
+
+
+def ran_stages(output: str) -> set[str]:
+    return set(re.findall(r"Running stage '([^']+)'", output))
+
+
+def digest(path: Path) -> str:
+    h = hashlib.sha256()
+    files = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
+    for f in files:
+        h.update(str(f.relative_to(path) if path.is_dir() else f.name).encode())
+        h.update(f.read_bytes())
+    return h.hexdigest()
+
+
+@pytest.fixture(scope="module")
+def dvc_workspace(repo_root, tmp_path_factory):
+    ws = make_workspace(repo_root, tmp_path_factory.mktemp("dvc"))
+    result = sh([BIN / "dvc", "repro", "sft@tiny"], ws)
+    expected = {"ingest@seed", "verify@seed-1-of-2", "verify@seed-2-of-2", "verify_gather@seed",
+                "augment@seed", "assemble@seed", "sft@tiny"}
+    assert expected <= ran_stages(result.stdout), result.stdout
+    sh(["git", "add", "-A"], ws)
+    sh(["git", "commit", "-qm", "run"], ws)
+    return ws
+
+
+def test_dvc_repro_produces_every_output(dvc_workspace):
+    ws = dvc_workspace
+    for path in ["data/ingest/seed/samples.parquet", "data/verify/seed/measurements.parquet",
+                 "data/augment/seed/structural.parquet", "data/cuke/seed/sft.parquet",
+                 "data/cuke/seed/rl_infill.parquet", "data/cuke/seed/rl_e2e.parquet",
+                 "data/cuke/seed/val.parquet", "data/cuke/seed/stats.json", TINY_TARGET]:
+        assert (ws / path).exists(), path
+    import pyarrow.parquet as pq
+
+    assert pq.read_table(ws / "data/cuke/seed/sft.parquet").num_rows > 0
+    status = sh([BIN / "dvc", "status"], ws)
+    assert "up to date" in status.stdout
+
+
+def test_dvc_threshold_change_reruns_assemble_and_descendants_only(dvc_workspace, tmp_path):
+    ws = tmp_path / "exp"
+    shutil.copytree(dvc_workspace, ws, symlinks=True)
+    result = sh([BIN / "dvc", "exp", "run", "-S", "assemble.speedup_threshold=2.5", "sft@tiny"], ws)
+    ran = ran_stages(result.stdout)
+    assert "assemble@seed" in ran
+    assert not {s for s in ran if s.startswith(("verify", "ingest", "augment"))}, ran
+    stats = yaml.safe_load((ws / "data/cuke/seed/stats.json").read_text())
+    assert stats["speedup_threshold"] == 2.5
+
+
+def test_dvc_push_then_pull_on_a_second_clone(dvc_workspace, tmp_path):
+    store = tmp_path / "store"
+    ws = dvc_workspace
+    sh([BIN / "dvc", "remote", "add", "-d", "-f", "--local", "store", str(store)], ws)
+    sh([BIN / "dvc", "push"], ws)
+    clone = tmp_path / "clone"
+    sh(["git", "clone", "-q", str(ws), str(clone)], tmp_path)
+    (clone / ".cache").symlink_to(ws / ".cache")
+    sh([BIN / "dvc", "remote", "add", "-d", "--local", "store", str(store)], clone)
+    sh([BIN / "dvc", "pull", "sft@tiny"], clone)
+    for path in ["data/cuke/seed/sft.parquet", "data/verify/seed/measurements.parquet", TINY_TARGET]:
+        assert digest(clone / path) == digest(ws / path), path
+    status = sh([BIN / "dvc", "status", "sft@tiny"], clone)
+    assert "up to date" in status.stdout, status.stdout
+
+
+def test_transform_stages_are_byte_identical_on_rerun(dvc_workspace, tmp_path):
+    ws = dvc_workspace
+    before = {p: digest(ws / p) for p in ["data/ingest/seed/samples.parquet", "data/cuke/seed"]}
+    sh([BIN / "dicepipe", "ingest", "--corpus", "seed", "--out", str(tmp_path / "s.parquet"),
+        "--report", str(tmp_path / "r.json")], ws)
+    assert digest(tmp_path / "s.parquet") == before["data/ingest/seed/samples.parquet"]
+    out = tmp_path / "cuke"
+    sh([BIN / "dicepipe", "assemble", "--corpus", "seed", "--samples", "data/ingest/seed/samples.parquet",
+        "--measurements", "data/verify/seed/measurements.parquet",
+        "--structural", "data/augment/seed/structural.parquet", "--out-dir", str(out)], ws)
+    assert digest(out) == before["data/cuke/seed"]
+    for path in out.rglob("*"):
+        if path.suffix in (".json", ".parquet"):
+            assert str(tmp_path).encode() not in path.read_bytes(), f"absolute path inside {path}"
+
+
+def test_snakemake_runs_tiny_and_reruns_only_what_a_threshold_touches(repo_root, tmp_path):
+    ws = make_workspace(repo_root, tmp_path / "snake")
+    sh([BIN / "snakemake", "--cores", "2", "--", TINY_TARGET], ws)
+    assert (ws / TINY_TARGET).is_dir()
+    again = sh([BIN / "snakemake", "-n", "--cores", "2", "--", TINY_TARGET], ws)
+    assert "Nothing to be done" in again.stdout + again.stderr
+    params = yaml.safe_load((ws / "params.yaml").read_text())
+    params["assemble"]["speedup_threshold"] = 2.5
+    (ws / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    dry = sh([BIN / "snakemake", "-n", "--cores", "2", "--", TINY_TARGET], ws)
+    text = dry.stdout + dry.stderr
+    jobs = set(re.findall(r"^rule (\w+):", text, re.MULTILINE))
+    assert jobs == {"assemble", "sft"}, text[-3000:]

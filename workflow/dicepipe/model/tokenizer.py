@@ -1,0 +1,138 @@
+"""The tiny scale's tokenizer, and chat formatting shared by every tokenizer.
+
+The tiny tokenizer is a byte-level BPE trained on the SFT split's text, with Qwen-like
+special tokens and a small Qwen-like chat template, so the tiny scale exercises the same
+formatting path as SDAR (whose tokenizer carries Qwen3's template).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from ..errors import ModelError
+
+END_OF_TEXT = "<|endoftext|>"
+IM_START = "<|im_start|>"
+IM_END = "<|im_end|>"
+MASK = "<|MASK|>"
+SPECIAL_TOKENS = (END_OF_TEXT, IM_START, IM_END, MASK)
+IGNORE_INDEX = -100
+
+TINY_CHAT_TEMPLATE = (
+    "{%- for message in messages %}"
+    "{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' }}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
+)
+
+# Stands in for the response when rendering a template, to split it into the text before
+# the response (the prompt) and after it (the end of the assistant turn).
+_RESPONSE_SENTINEL = "\u2063DICEPIPE_RESPONSE\u2063"
+
+
+def train_tiny_tokenizer(texts: Iterable[str], vocab_size: int):
+    """Byte-level BPE on `texts` (deterministic for the same texts in the same order)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    backend = Tokenizer(models.BPE())
+    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    backend.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        min_frequency=2,
+        special_tokens=list(SPECIAL_TOKENS),
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    backend.train_from_iterator(list(texts), trainer)
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=backend,
+        eos_token=IM_END,
+        pad_token=END_OF_TEXT,
+        mask_token=MASK,
+        additional_special_tokens=[IM_START],
+    )
+    tokenizer.chat_template = TINY_CHAT_TEMPLATE
+    if len(tokenizer) > vocab_size:
+        raise ModelError(f"tiny tokenizer has {len(tokenizer)} tokens, more than vocab_size {vocab_size}")
+    return tokenizer
+
+
+@dataclass(frozen=True)
+class ChatFormat:
+    """How a (prompt, response) pair becomes text under a tokenizer's chat template."""
+
+    prompt_prefix: str  # rendered text before the user's content
+    prompt_suffix: str  # rendered text between the user's content and the response
+    turn_end: str  # rendered text after the response (end of the assistant turn)
+
+    def prompt_text(self, user_text: str) -> str:
+        return self.prompt_prefix + user_text + self.prompt_suffix
+
+
+def chat_format(tokenizer) -> ChatFormat:
+    if not getattr(tokenizer, "chat_template", None):
+        raise ModelError("the tokenizer has no chat template; SFT and decoding need one.")
+    user_marker = "\u2063DICEPIPE_USER\u2063"
+    text = tokenizer.apply_chat_template(
+        [
+            {"role": "user", "content": user_marker},
+            {"role": "assistant", "content": _RESPONSE_SENTINEL},
+        ],
+        tokenize=False,
+    )
+    if text.count(user_marker) != 1 or text.count(_RESPONSE_SENTINEL) != 1:
+        raise ModelError("the tokenizer's chat template does not render message contents verbatim.")
+    before_user, after_user = text.split(user_marker)
+    between, turn_end = after_user.split(_RESPONSE_SENTINEL)
+    return ChatFormat(prompt_prefix=before_user, prompt_suffix=between, turn_end=turn_end)
+
+
+def encode_text(tokenizer, text: str) -> list[int]:
+    return list(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+
+def stop_token_ids(tokenizer, fmt: ChatFormat) -> tuple[int, ...]:
+    """Ids that end a generation: the special tokens closing an assistant turn, EOS, pad."""
+    special = set(tokenizer.all_special_ids)
+    ids = [i for i in encode_text(tokenizer, fmt.turn_end) if i in special]
+    for extra in (tokenizer.eos_token_id, tokenizer.pad_token_id):
+        if extra is not None:
+            ids.append(int(extra))
+    return tuple(dict.fromkeys(ids))
+
+
+@dataclass(frozen=True)
+class SFTExample:
+    input_ids: tuple[int, ...]
+    labels: tuple[int, ...]  # IGNORE_INDEX on the prompt, the token itself on the response
+
+    def __len__(self) -> int:
+        return len(self.input_ids)
+
+    @property
+    def prompt_len(self) -> int:
+        return sum(1 for label in self.labels if label == IGNORE_INDEX)
+
+
+def encode_sft_example(
+    tokenizer, fmt: ChatFormat, prompt: str, response: str, block_size: int, pad_token_id: int
+) -> SFTExample:
+    """Prompt ids (not trained) + response ids and the end of turn (trained), padded to a
+    multiple of `block_size` with pad tokens that are trained too: the model learns to
+    fill the rest of the last block with pad after the end of turn, which is what stops
+    block decoding (as in SDAR's SFT data processor)."""
+    prompt_ids = encode_text(tokenizer, fmt.prompt_text(prompt))
+    response_ids = encode_text(tokenizer, response + fmt.turn_end)
+    ids = prompt_ids + response_ids
+    labels = [IGNORE_INDEX] * len(prompt_ids) + response_ids
+    pad = (-len(ids)) % block_size
+    ids += [pad_token_id] * pad
+    labels += [pad_token_id] * pad
+    return SFTExample(tuple(ids), tuple(labels))
+
+
+def encode_prompts(tokenizer, fmt: ChatFormat, prompts: Sequence[str]) -> list[list[int]]:
+    return [encode_text(tokenizer, fmt.prompt_text(p)) for p in prompts]
