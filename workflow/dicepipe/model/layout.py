@@ -124,9 +124,6 @@ def make_train_batch(rows: PackedRows, mask_token_id: int, noise_eps: float,
     masked, p_tok = sample_noise(rows, noise_eps, generator)
     noisy = torch.where(masked, torch.full_like(rows.input_ids, mask_token_id), rows.input_ids)
     trainable = rows.labels != IGNORE_INDEX
-    last_doc = rows.doc_ids[:, -1:]
-    padding = (rows.doc_ids == last_doc) & (rows.labels == IGNORE_INDEX) & (rows.position_ids >= 0)
-    row_padding = padding & _is_row_tail(rows)
     return TrainBatch(
         input_ids=torch.cat([noisy, rows.input_ids], dim=1),
         position_ids=torch.cat([rows.position_ids, rows.position_ids], dim=1),
@@ -135,7 +132,7 @@ def make_train_batch(rows: PackedRows, mask_token_id: int, noise_eps: float,
         targets=rows.input_ids[masked],
         weights=(1.0 / p_tok[masked]).to(torch.float32),
         num_label_tokens=int(trainable.sum()),
-        num_tokens=int((~row_padding).sum()),
+        num_tokens=int((~_is_row_tail(rows)).sum()),
     )
 
 

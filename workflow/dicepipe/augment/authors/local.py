@@ -1,0 +1,90 @@
+"""The `local` author: a causal language model on local disk, through transformers.
+
+It sends the same one-shot prompt as the endpoint author (through the tokenizer's chat
+template when it has one) and takes the first fenced code block of the answer. Decoding is
+a plain `generate`; block-diffusion models will plug in the model package's decoding
+here once it exists."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+from pathlib import Path
+
+from ...data import extract, prompts
+from ...errors import ModelError
+from ..tasks import Task
+from . import Draft
+
+log = logging.getLogger(__name__)
+
+
+class LocalAuthor:
+    name = "local"
+
+    def __init__(self, settings: dict, backend: str, seed: int = 0):
+        self.path = Path(settings["path"])
+        self.max_new_tokens = int(settings.get("max_new_tokens", 2048))
+        self.temperature = float(settings.get("temperature", 0.7))
+        self.backend = backend
+        self.seed = seed
+        if not (self.path / "config.json").is_file():
+            raise ModelError(
+                f"params.yaml: key 'augment.local.path' is {str(self.path)!r}, which holds no "
+                "transformers model (no config.json there). Save a model and its tokenizer "
+                "there (save_pretrained), point the key at one, or set augment.author to "
+                "'templates' or 'endpoint'."
+            )
+        self._model = None
+        self._tokenizer = None
+
+    def fingerprint(self) -> str:
+        config = (self.path / "config.json").read_bytes()
+        parts = [str(self.path), hashlib.sha256(config).hexdigest()[:16], self.max_new_tokens,
+                 self.temperature, self.backend]
+        return "local:" + json.dumps(parts)
+
+    def _load(self):
+        if self._model is None:
+            import torch
+            from transformers import AutoModelForCausalLM, AutoTokenizer
+
+            log.info("loading the local author model from %s", self.path)
+            try:
+                self._tokenizer = AutoTokenizer.from_pretrained(self.path)
+                self._model = AutoModelForCausalLM.from_pretrained(self.path)
+            except (OSError, ValueError) as exc:
+                raise ModelError(f"{self.path}: cannot load the local author model: {exc}") from exc
+            device = "cuda" if torch.cuda.is_available() else "cpu"
+            self._model.to(device).eval()
+        return self._model, self._tokenizer
+
+    def _prompt_ids(self, tokenizer, text: str):
+        if getattr(tokenizer, "chat_template", None):
+            return tokenizer.apply_chat_template([{"role": "user", "content": text}],
+                                                 add_generation_prompt=True, return_tensors="pt",
+                                                 return_dict=True)["input_ids"]
+        return tokenizer(text, return_tensors="pt")["input_ids"]
+
+    def write(self, task: Task, attempt: int) -> Draft:
+        import torch
+
+        model, tokenizer = self._load()
+        ids = self._prompt_ids(tokenizer, prompts.end_to_end_prompt(task.reference_code, self.backend))
+        ids = ids.to(model.device)
+        digest = hashlib.sha256(f"{self.seed}:{task.task_id}:{attempt}".encode()).hexdigest()
+        torch.manual_seed(int(digest[:8], 16))
+        sampling = self.temperature > 0
+        with torch.no_grad():
+            output = model.generate(
+                ids, attention_mask=torch.ones_like(ids), max_new_tokens=self.max_new_tokens,
+                do_sample=sampling, temperature=self.temperature if sampling else None,
+                top_p=None, top_k=None,
+                pad_token_id=tokenizer.pad_token_id if tokenizer.pad_token_id is not None
+                else tokenizer.eos_token_id)
+        text = tokenizer.decode(output[0, ids.shape[1]:], skip_special_tokens=True)
+        code = extract.pick_block(text, "first")
+        if not code or not code.strip():
+            return Draft(failure="author_no_code", detail=text[:300])
+        return Draft(code=extract.normalise_code(code))

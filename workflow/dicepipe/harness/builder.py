@@ -1,0 +1,219 @@
+"""Build one `load_inline` spec into the content-addressed cache (runs in a builder worker).
+
+The sources are prepared exactly as `load_inline` prepares them, then compiled by torch's own
+ninja machinery in a private temporary folder that is renamed into place when done, so two
+builders racing on one key never see a half-written build and a killed build leaves no lock.
+The module is never imported here: the candidate's native code runs only in device workers.
+A compiler error is cached too (a source seen before never builds again); a timeout is not.
+
+On gcc, `torch/extension.h` is precompiled once per set of compile flags into the cache
+(torch's own `use_pch` writes into the torch installation and deletes it again whenever a
+build does not ask for it, which breaks under parallel builds).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import inspect
+import json
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import time
+from pathlib import Path
+
+from .buildspec import build_dir, module_name, spec_uses_cuda
+
+LOG_LIMIT = 6000
+
+
+def _call_filtered(fn, **kwargs):
+    """Call a private torch helper with only the keyword arguments its version accepts."""
+    params = inspect.signature(fn).parameters
+    return fn(**{k: v for k, v in kwargs.items() if k in params})
+
+
+def write_sources(spec: dict, folder: Path) -> list[str]:
+    """main.cpp (+ cuda.cu) as load_inline writes them, bindings included."""
+    cpp = list(spec["cpp_sources"])
+    if not spec["no_implicit_headers"]:
+        cpp.insert(0, "#include <torch/extension.h>")
+    functions = spec["functions"]
+    if functions is not None:
+        if isinstance(functions, list):
+            functions = {f: f for f in functions}
+        cpp.append("PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {")
+        for fname, doc in functions.items():
+            target = (f"torch::wrap_pybind_function({fname})" if spec["with_pytorch_error_handling"]
+                      else fname)
+            cpp.append(f'm.def("{fname}", {target}, "{doc}");')
+        cpp.append("}")
+    sources = [folder / "main.cpp"]
+    sources[0].write_text("\n".join(cpp))
+    if spec["cuda_sources"]:
+        cuda = list(spec["cuda_sources"])
+        if not spec["no_implicit_headers"]:
+            cuda[:0] = ["#include <torch/types.h>", "#include <cuda.h>", "#include <cuda_runtime.h>"]
+        sources.append(folder / "cuda.cu")
+        sources[1].write_text("\n".join(cuda))
+    return [str(s) for s in sources]
+
+
+def build_spec(spec: dict, key: str, cache: Path, use_pch: bool) -> dict:
+    """Build into cache/ext/<key>/ unless already there; return the status dict."""
+    final = build_dir(cache, key)
+    status_file = final / "status.json"
+    if status_file.is_file():
+        return json.loads(status_file.read_text())
+    tmp_root = cache / "tmp"
+    tmp_root.mkdir(parents=True, exist_ok=True)
+    _clean_stale_tmp(tmp_root)
+    tmp = tmp_root / f"{key}.{os.getpid()}.{time.monotonic_ns()}"
+    tmp.mkdir()
+    start = time.monotonic()
+    status = _compile(spec, key, tmp, cache, use_pch)
+    status["seconds"] = round(time.monotonic() - start, 3)
+    for junk in list(tmp.glob("*.o")) + list(tmp.glob("*.o.d")) + list(tmp.glob(".ninja_*")):
+        junk.unlink(missing_ok=True)
+    (tmp / "status.json").write_text(json.dumps(status))
+    final.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        os.rename(tmp, final)
+    except OSError:  # another builder finished the same key first: keep theirs
+        shutil.rmtree(tmp, ignore_errors=True)
+        if status_file.is_file():
+            return json.loads(status_file.read_text())
+    return status
+
+
+def _compile(spec: dict, key: str, folder: Path, cache: Path, use_pch: bool) -> dict:
+    name = module_name(key)
+    with_cuda = spec_uses_cuda(spec)
+    sources = write_sources(spec, folder)
+    pch_dir = None
+    if use_pch and _compiler_is_gcc():
+        pch_dir = cache / "pch" / _pch_signature(spec, with_cuda)
+    status = _run_build(spec, name, sources, folder, with_cuda, pch_dir)
+    if not status["ok"] and pch_dir is not None and _PCH_TROUBLE.search(status["log_tail"]):
+        status = _run_build(spec, name, sources, folder, with_cuda, None)  # safety net
+        status["pch"] = "pch:retried-without"
+    return status
+
+
+# A failure that may come from the precompiled header rather than the candidate's source.
+_PCH_TROUBLE = re.compile(r"\.gch|precompiled|torch/extension\.h")
+
+
+def _run_build(spec: dict, name: str, sources: list[str], folder: Path, with_cuda: bool,
+               pch_dir: Path | None) -> dict:
+    from torch.utils import cpp_extension as ce
+
+    include_paths = list(spec["extra_include_paths"])
+    pch_note = "pch:off"
+    if pch_dir is not None:
+        include_paths.insert(0, str(pch_dir))
+    try:
+        ce.verify_ninja_availability()
+        ldflags = _call_filtered(ce._prepare_ldflags, extra_ldflags=list(spec["extra_ldflags"]),
+                                 with_cuda=with_cuda, with_sycl=False, verbose=False,
+                                 is_standalone=False)
+        _call_filtered(ce._write_ninja_file_to_build_library, path=str(folder / "build.ninja"),
+                       name=name, sources=sources, extra_cflags=list(spec["extra_cflags"]),
+                       extra_cuda_cflags=list(spec["extra_cuda_cflags"]), extra_sycl_cflags=[],
+                       extra_ldflags=ldflags, extra_include_paths=include_paths,
+                       with_cuda=with_cuda, with_sycl=False, is_python_module=True,
+                       is_standalone=False, torch_exclude=False)
+        if pch_dir is not None:
+            pch_note = _ensure_pch(folder / "build.ninja", pch_dir)
+        _call_filtered(ce._run_ninja_build, build_directory=str(folder), verbose=False,
+                       error_prefix=f"Error building extension '{spec['name']}'")
+    except (RuntimeError, OSError, subprocess.SubprocessError) as exc:
+        return {"ok": False, "log_tail": _tail(str(exc)), "pch": pch_note}
+    if not (folder / f"{name}.so").is_file():
+        return {"ok": False, "log_tail": "the build produced no module file", "pch": pch_note}
+    return {"ok": True, "log_tail": "", "pch": pch_note}
+
+
+def _tail(text: str) -> str:
+    return text if len(text) <= LOG_LIMIT else "..." + text[-LOG_LIMIT:]
+
+
+def _compiler_is_gcc() -> bool:
+    cxx = os.environ.get("CXX", "c++")
+    try:
+        out = subprocess.run([cxx, "-v"], capture_output=True, text=True, timeout=30).stderr
+    except (OSError, subprocess.SubprocessError):
+        return False
+    return "gcc version" in out
+
+
+def _pch_signature(spec: dict, with_cuda: bool) -> str:
+    import torch
+
+    blob = json.dumps([torch.__version__, os.environ.get("CXX", "c++"), spec["extra_cflags"],
+                       spec["extra_include_paths"], with_cuda])
+    return hashlib.sha256(blob.encode()).hexdigest()[:20]
+
+
+def _ensure_pch(ninja_file: Path, pch_dir: Path) -> str:
+    """Precompile torch/extension.h with this build's exact flags, once per flag set.
+
+    Never waits: while another builder is making the header, this build goes without it.
+    """
+    target = pch_dir / "torch" / "extension.h.gch"
+    if target.is_file() and (pch_dir / "torch" / "extension.h").exists():
+        return "pch:hit"
+    target.parent.mkdir(parents=True, exist_ok=True)
+    lock = open(pch_dir / "lock", "w")
+    try:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return "pch:busy"
+        if target.is_file() and (pch_dir / "torch" / "extension.h").exists():
+            return "pch:hit"
+        cflags = _ninja_variable(ninja_file, "cflags")
+        flags = [f for f in shlex.split(cflags) if not f.startswith("-DTORCH_EXTENSION_NAME=")]
+        from torch.utils import cpp_extension as ce
+
+        header = os.path.join(ce._TORCH_PATH, "include", "torch", "extension.h")
+        link = pch_dir / "torch" / "extension.h"
+        if target.is_file():  # made by an older builder that left out the link
+            os.symlink(header, link)
+            return "pch:hit"
+        tmp = target.with_name(f"extension.h.gch.{os.getpid()}")
+        cxx = os.environ.get("CXX", "c++")
+        proc = subprocess.run([cxx, *flags, "-x", "c++-header", header, "-o", str(tmp)],
+                              capture_output=True, text=True)
+        if proc.returncode != 0 or not tmp.is_file():
+            tmp.unlink(missing_ok=True)
+            return "pch:failed"
+        # A source that includes torch/extension.h a second time makes gcc look for the
+        # header beside its .gch: the link sends it to the real one (#pragma once holds).
+        if not link.exists():
+            os.symlink(header, link)
+        os.rename(tmp, target)
+        return "pch:built"
+    finally:
+        lock.close()
+
+
+def _ninja_variable(ninja_file: Path, name: str) -> str:
+    match = re.search(rf"^{name} = (.*)$", ninja_file.read_text(), re.MULTILINE)
+    return match.group(1) if match else ""
+
+
+def _clean_stale_tmp(tmp_root: Path) -> None:
+    """Remove temporary build folders whose builder process is gone (killed on timeout)."""
+    for entry in tmp_root.iterdir():
+        parts = entry.name.split(".")
+        if len(parts) != 3 or not parts[1].isdigit():
+            continue
+        pid = int(parts[1])
+        if pid == os.getpid():
+            continue
+        if not os.path.exists(f"/proc/{pid}"):  # not os.kill: workers may not signal others
+            shutil.rmtree(entry, ignore_errors=True)

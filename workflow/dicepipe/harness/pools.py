@@ -1,0 +1,140 @@
+"""Pools of workers and the two services the device work waits on: extraction and builds.
+
+`WorkerPool` lends idle workers to threads; processes start on first use, so a batch whose
+builds are all cached never starts a builder. `BuildService` de-duplicates builds by key
+(a key is built at most once per batch, and never again once in the cache) and remembers
+which job caused each build, so every row can say how much it built and how much it reused.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import queue
+import threading
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
+
+from .buildspec import normalize_spec, read_status, spec_key
+from .workerproc import WorkerProcess
+
+
+class WorkerPool:
+    def __init__(self, workers: list[WorkerProcess]):
+        self.workers = workers
+        self._idle: queue.Queue = queue.Queue()
+        for worker in workers:
+            self._idle.put(worker)
+
+    def call(self, message: dict, timeout_s: float, restart_when=None) -> dict:
+        """One request on an idle worker; `restart_when(reply)` marks a worker that exits."""
+        worker = self._idle.get()
+        try:
+            try:
+                reply = worker.request(message, timeout_s)
+            except RuntimeError as exc:  # the worker could not start
+                reply = {"op": "failed", "kind": "start", "phase": "start", "error": str(exc),
+                         "log": ""}
+            if restart_when is not None and reply.get("op") == "result" and restart_when(reply):
+                worker.restart()
+            return reply
+        finally:
+            self._idle.put(worker)
+
+    def stop(self) -> None:
+        for worker in self.workers:
+            worker.stop()
+
+
+class BuildService:
+    def __init__(self, pool: WorkerPool, cache: Path, toolchain: dict, timeout_s: float,
+                 use_pch: bool):
+        self.pool, self.cache, self.toolchain = pool, cache, toolchain
+        self.timeout_s, self.use_pch = timeout_s, use_pch
+        self._executor = ThreadPoolExecutor(max_workers=len(pool.workers),
+                                            thread_name_prefix="build")
+        self._lock = threading.Lock()
+        self._futures: dict[str, Future] = {}
+        self.built_by: dict[str, str] = {}  # key -> job id whose request compiled it
+        self.seconds: dict[str, float] = {}
+
+    def submit(self, spec: dict, job_id: str) -> tuple[str, Future]:
+        key = spec_key(spec, self.toolchain)
+        with self._lock:
+            future = self._futures.get(key)
+            if future is not None:
+                return key, future
+            status = read_status(self.cache, key)
+            if status is not None:
+                future = Future()
+                future.set_result(status)
+            else:
+                self.built_by[key] = job_id
+                future = self._executor.submit(self._build, spec, key)
+            self._futures[key] = future
+            return key, future
+
+    def build_now(self, spec: dict, key: str, job_id: str) -> dict:
+        """For a device worker that met a spec extraction missed."""
+        _key, future = self.submit(spec, job_id)
+        return future.result()
+
+    def _build(self, spec: dict, key: str) -> dict:
+        message = {"op": "build", "spec": spec, "key": key, "use_pch": self.use_pch}
+        reply = self.pool.call(message, self.timeout_s)
+        if reply.get("op") == "failed":
+            status = {"ok": False, "transient": True,
+                      "log_tail": f"{reply['error']}\n{reply.get('log', '')}"}
+        else:
+            status = reply["status"]
+        self.seconds[key] = float(status.get("seconds", 0.0))
+        if status.get("transient"):
+            with self._lock:  # not cached: a later batch may try again
+                self._futures.pop(key, None)
+        return status
+
+    def stop(self) -> None:
+        self._executor.shutdown(wait=False, cancel_futures=True)
+        self.pool.stop()
+
+
+class ExtractService:
+    """Extraction results are cached by content too: a second batch starts no extractor."""
+
+    def __init__(self, pool: WorkerPool, cache: Path, toolchain: dict, timeout_s: float):
+        self.pool, self.cache, self.timeout_s = pool, cache, timeout_s
+        self._tool = json.dumps(toolchain, sort_keys=True)
+
+    def _path(self, job) -> Path:
+        digest = hashlib.sha256(json.dumps([job.candidate_code, job.reference_code, job.backend,
+                                            self._tool]).encode()).hexdigest()
+        return self.cache / "extract" / digest[:2] / f"{digest}.json"
+
+    def extract(self, job) -> dict:
+        path = self._path(job)
+        try:
+            return json.loads(path.read_text())
+        except (OSError, ValueError):
+            pass
+        message = {"op": "extract", "candidate_code": job.candidate_code,
+                   "reference_code": job.reference_code}
+        # the worker exits after a failed extraction (state left behind): do not race it
+        reply = self.pool.call(message, self.timeout_s, restart_when=lambda r: not r.get("ok"))
+        if reply.get("op") == "failed":
+            return {"ok": False, "final": False, "specs": [], "error": reply["error"]}
+        result = {"ok": bool(reply.get("ok")), "final": bool(reply.get("final")),
+                  "error": reply.get("error"), "specs": []}
+        for spec in reply.get("specs", []):
+            try:
+                result["specs"].append(normalize_spec(spec))  # re-checked: it came from a sandbox
+            except Exception as exc:  # noqa: BLE001
+                result.update(ok=False, final=True, error=f"bad load_inline arguments: {exc}")
+        if result["ok"]:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_name(path.name + ".tmp")
+            tmp.write_text(json.dumps(result))
+            tmp.replace(path)
+        return result
+
+    def stop(self) -> None:
+        self.pool.stop()

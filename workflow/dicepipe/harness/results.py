@@ -1,0 +1,177 @@
+"""The result table: its schema (declared once), row construction and the resume journal.
+
+Rows are appended to a JSON-lines journal beside `results_path` the moment a job finishes
+(one `write` + `fsync` each), so a killed run loses at most the row being written; the
+Parquet file itself is rewritten atomically from time to time and at the end.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+from pathlib import Path
+from typing import Iterable
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+log = logging.getLogger(__name__)
+
+STATIC_FLAGS = (
+    "flag_no_kernel",  # no kernel of its own: no __global__ launch (cuda) / no load_inline C++ (cpu)
+    "flag_calls_reference",  # subclasses, aliases or calls the reference `Model`
+    "flag_try_fallback",  # try/except around the candidate's code (fallback to PyTorch)
+    "flag_threads_streams",  # threads, processes or extra CUDA streams (static or dynamic)
+    "flag_patches_runtime",  # assigns into torch/time/etc., or uses gc/ctypes/frame introspection
+)
+DYNAMIC_FLAGS = (
+    "flag_ext_not_called",  # no compiled extension function ran on the timed path
+    "flag_output_alias",  # an output shares memory with an input
+    "flag_output_cached",  # an output shares memory with an earlier call's output
+    "flag_input_insensitive",  # outputs identical across different inputs where the reference's differ
+    "flag_input_mutation",  # the candidate wrote into its inputs
+    "flag_post_timing_wrong",  # wrong on inputs drawn after timing although right before
+    "flag_runtime_tampered",  # timers, torch or harness functions replaced at run time
+)
+FLAG_COLUMNS = STATIC_FLAGS + DYNAMIC_FLAGS
+
+_list = pa.list_(pa.float64())
+
+RESULT_SCHEMA = pa.schema(
+    [
+        pa.field("job_id", pa.string(), nullable=False),
+        pa.field("backend", pa.string(), nullable=False),
+        pa.field("compiled", pa.bool_(), nullable=False),
+        pa.field("correct", pa.bool_(), nullable=False),
+        # correct and no deception flag: what counts where params ask for the robust verdict
+        pa.field("correct_robust", pa.bool_(), nullable=False),
+        pa.field("correct_trials_passed", pa.int32(), nullable=False),
+        pa.field("max_abs_error", pa.float64()),
+        *[pa.field(name, pa.bool_(), nullable=False) for name in FLAG_COLUMNS],
+        # one entry per repeat: medians, spreads (interquartile range) and per-repeat speedups
+        pa.field("ref_runtime_ms", _list, nullable=False),
+        pa.field("cand_runtime_ms", _list, nullable=False),
+        pa.field("ref_runtime_iqr_ms", _list, nullable=False),
+        pa.field("cand_runtime_iqr_ms", _list, nullable=False),
+        pa.field("speedup_repeats", _list, nullable=False),
+        pa.field("speedup_low_repeats", _list, nullable=False),
+        pa.field("speedup_high_repeats", _list, nullable=False),
+        # over all repeats: ratio of medians and its interval at settings.interval_confidence
+        pa.field("speedup_median", pa.float64()),
+        pa.field("speedup_low", pa.float64()),
+        pa.field("speedup_high", pa.float64()),
+        pa.field("num_repeats", pa.int32(), nullable=False),
+        pa.field("launch_bound", pa.bool_(), nullable=False),
+        pa.field("timing_mode", pa.string()),  # eager | cuda_graphs | null (not timed)
+        pa.field("kb_speedup", pa.float64()),  # KernelBench's method, only when asked for
+        pa.field("builds_total", pa.int32(), nullable=False),
+        pa.field("builds_cached", pa.int32(), nullable=False),
+        pa.field("compile_log_tail", pa.string()),
+        pa.field("error", pa.string()),
+        pa.field("error_phase", pa.string()),  # static|extract|build|load|correct|timing|worker
+        pa.field("sandbox", pa.string()),  # isolation features the worker actually got
+        pa.field("wall_build_s", pa.float64(), nullable=False),
+        pa.field("wall_correct_s", pa.float64(), nullable=False),
+        pa.field("wall_timing_s", pa.float64(), nullable=False),
+        pa.field("wall_time_s", pa.float64(), nullable=False),
+    ]
+)
+
+_LIST_COLUMNS = [f.name for f in RESULT_SCHEMA if pa.types.is_list(f.type)]
+
+
+def empty_row(job_id: str, backend: str) -> dict:
+    """A row with every column at its 'nothing happened yet' value."""
+    row: dict = {f.name: None for f in RESULT_SCHEMA}
+    row.update(job_id=job_id, backend=backend, compiled=False, correct=False, correct_robust=False,
+               correct_trials_passed=0, num_repeats=0, launch_bound=False, builds_total=0,
+               builds_cached=0, wall_build_s=0.0, wall_correct_s=0.0, wall_timing_s=0.0,
+               wall_time_s=0.0)
+    for name in FLAG_COLUMNS:
+        row[name] = False
+    for name in _LIST_COLUMNS:
+        row[name] = []
+    return row
+
+
+def finish_row(row: dict) -> dict:
+    """Derive the robust verdict and make every value fit the schema."""
+    flagged = any(bool(row.get(name)) for name in FLAG_COLUMNS)
+    row["correct"] = bool(row.get("correct")) and bool(row.get("compiled"))
+    row["correct_robust"] = row["correct"] and not flagged
+    for name in ("max_abs_error", "speedup_median", "speedup_low", "speedup_high", "kb_speedup"):
+        value = row.get(name)
+        if value is not None and not math.isfinite(float(value)):
+            row[name] = None if math.isnan(float(value)) else float(value)
+    for name in ("compile_log_tail", "error"):
+        if row.get(name) is not None:
+            row[name] = tail(str(row[name]))
+    return row
+
+
+def tail(text: str, limit: int = 4000) -> str:
+    return text if len(text) <= limit else "..." + text[-limit:]
+
+
+def rows_to_table(rows: Iterable[dict]) -> pa.Table:
+    rows = list(rows)
+    columns = {f.name: [row.get(f.name) for row in rows] for f in RESULT_SCHEMA}
+    return pa.Table.from_pydict(columns, schema=RESULT_SCHEMA)
+
+
+class ResultStore:
+    """Rows already finished (for resume) plus an append-only journal of new ones."""
+
+    def __init__(self, results_path: str | os.PathLike | None):
+        self.path = Path(results_path) if results_path is not None else None
+        self.rows: dict[str, dict] = {}
+        self._journal = None
+        if self.path is None:
+            return
+        self.journal_path = self.path.with_name(self.path.name + ".journal.jsonl")
+        if self.path.is_file():
+            try:
+                for row in pq.read_table(self.path).to_pylist():
+                    self.rows[row["job_id"]] = row
+            except Exception as exc:  # a torn file from an older crash: the journal has the rows
+                log.warning("%s: unreadable (%s); resuming from its journal", self.path, exc)
+        if self.journal_path.is_file():
+            self._read_journal()
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._journal = open(self.journal_path, "a", encoding="utf-8")
+
+    def _read_journal(self) -> None:
+        with open(self.journal_path, encoding="utf-8") as fh:
+            for line in fh:
+                try:
+                    row = json.loads(line)
+                except json.JSONDecodeError:
+                    continue  # the line a kill cut short
+                if isinstance(row, dict) and "job_id" in row:
+                    self.rows[row["job_id"]] = row
+
+    def done(self, job_id: str) -> bool:
+        return job_id in self.rows
+
+    def add(self, row: dict) -> None:
+        self.rows[row["job_id"]] = row
+        if self._journal is not None:
+            self._journal.write(json.dumps(row, allow_nan=True) + "\n")
+            self._journal.flush()
+            os.fsync(self._journal.fileno())
+
+    def flush(self) -> None:
+        """Rewrite the Parquet file atomically with every row known so far."""
+        if self.path is None:
+            return
+        table = rows_to_table(self.rows[k] for k in sorted(self.rows))
+        tmp = self.path.with_name(self.path.name + ".tmp")
+        pq.write_table(table.replace_schema_metadata(None), tmp, compression="zstd")
+        tmp.replace(self.path)
+
+    def close(self) -> None:
+        if self._journal is not None:
+            self._journal.close()
+            self._journal = None

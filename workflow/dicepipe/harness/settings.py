@@ -1,0 +1,111 @@
+"""What the harness is asked to do: jobs, and the settings every job of a batch shares.
+
+Both are plain frozen dataclasses that cross process boundaries as JSON (`to_wire`), so the
+sandboxed workers never unpickle anything the orchestrator did not write itself.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+from typing import Sequence
+
+from ..errors import HarnessError
+
+BACKENDS = ("cpu", "cuda")
+DEFAULT_CACHE_DIR = ".cache/dicepipe/builds"
+
+
+@dataclass(frozen=True)
+class Job:
+    """One (reference program, candidate file) pair to evaluate."""
+
+    job_id: str
+    reference_code: str
+    candidate_code: str
+    backend: str
+
+    def __post_init__(self) -> None:
+        if self.backend not in BACKENDS:
+            raise HarnessError(
+                f"job {self.job_id!r}: backend {self.backend!r} is not one of {BACKENDS}."
+            )
+        if not isinstance(self.job_id, str) or not self.job_id:
+            raise HarnessError(f"job id {self.job_id!r}: expected a non-empty string.")
+
+
+@dataclass(frozen=True)
+class HarnessSettings:
+    """Every knob of one evaluation batch. Defaults equal params.yaml's `harness:` defaults."""
+
+    correct_trials: int = 5
+    atol: float = 1e-4
+    rtol: float = 1e-4
+    atol_low_precision: float = 1e-2
+    rtol_low_precision: float = 1e-2
+    warmup_trials: int = 3
+    timing_trials: int = 50
+    launch_bound_floor_ms: float = 0.1
+    cuda_graphs: bool = False
+    interval_confidence: float = 0.99
+    timing_noise_floor: float = 0.002
+    build_timeout_s: float = 300.0
+    run_timeout_s: float = 120.0
+    memory_limit_mb: int = 8192
+    max_open_files: int = 1024
+    build_workers: int = 0
+    use_pch: bool = True
+    robust: bool = True
+    seed: int = 0
+    cache_dir: str = DEFAULT_CACHE_DIR
+    # Set by the caller, not params.yaml's harness section.
+    repeats: int = 1
+    decision_thresholds: tuple[float, ...] = (1.0,)
+    # Not user knobs: the benchmark scripts turn these on to compare against other methods.
+    kernelbench_timing: bool = False
+    devices: tuple[int, ...] | None = None
+
+    def __post_init__(self) -> None:
+        if self.repeats < 1:
+            raise HarnessError(f"harness repeats={self.repeats}: expected at least 1.")
+        if not self.decision_thresholds:
+            raise HarnessError("harness decision_thresholds: expected at least one threshold.")
+        if self.timing_trials < 3:
+            raise HarnessError(f"harness.timing_trials={self.timing_trials}: expected >= 3.")
+
+    @classmethod
+    def from_params(
+        cls,
+        harness: dict,
+        repeats: int = 1,
+        decision_thresholds: Sequence[float] = (1.0,),
+        cache_dir: str | os.PathLike | None = None,
+    ) -> "HarnessSettings":
+        """Settings from params.yaml's `harness:` section (validated by the schema)."""
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(harness) - known)
+        if unknown:
+            raise HarnessError(
+                f"params.yaml harness: unknown keys {unknown}. Expected only {sorted(known)}."
+            )
+        values = dict(harness)
+        values["repeats"] = int(repeats)
+        values["decision_thresholds"] = tuple(float(p) for p in decision_thresholds)
+        if cache_dir is not None:
+            values["cache_dir"] = str(cache_dir)
+        return cls(**values)
+
+    @property
+    def cache_path(self) -> Path:
+        return Path(self.cache_dir).resolve()
+
+    def num_build_workers(self) -> int:
+        return self.build_workers if self.build_workers > 0 else (os.cpu_count() or 1)
+
+    def to_wire(self) -> dict:
+        out = asdict(self)
+        out["decision_thresholds"] = list(self.decision_thresholds)
+        out["devices"] = list(self.devices) if self.devices is not None else None
+        out["cache_dir"] = str(self.cache_path)
+        return out

@@ -1,0 +1,151 @@
+"""Timing reference and candidate interleaved, in the same process, on rotated inputs.
+
+Each trial takes the next input set, flushes the caches (a write over twice the last-level
+cache on cpu, twice the L2 on cuda), and times both models in a random order. On cpu the
+clock is `perf_counter_ns` (monotonic). On cuda, events bracket the call and a device-wide
+synchronize comes before the closing event, so work a candidate hides on another stream is
+counted. In CUDA-graph mode each (model, input set) is captured once and replays are timed.
+The clock functions are bound at import, before any candidate code runs, so a candidate that
+replaces `time.perf_counter_ns` or `torch.cuda.Event` does not change what is measured.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from pathlib import Path
+
+import torch
+
+_perf_counter_ns = time.perf_counter_ns
+_Event = torch.cuda.Event
+_synchronize = torch.cuda.synchronize
+_CUDAGraph = torch.cuda.CUDAGraph
+
+
+def last_level_cache_bytes() -> int:
+    for index in (3, 2):
+        path = Path(f"/sys/devices/system/cpu/cpu0/cache/index{index}/size")
+        try:
+            text = path.read_text().strip().upper()
+        except OSError:
+            continue
+        scale = {"K": 2**10, "M": 2**20, "G": 2**30}.get(text[-1:], 1)
+        digits = text.rstrip("KMG")
+        if digits.isdigit():
+            return int(digits) * scale
+    return 32 * 2**20
+
+
+class Clock:
+    def __init__(self, device: str):
+        self.device = device
+        if device == "cuda":
+            l2 = torch.cuda.get_device_properties(torch.cuda.current_device()).L2_cache_size
+            self._flush_buf = torch.empty(max(2 * l2, 2**24), dtype=torch.int8, device="cuda")
+        else:
+            size = min(2 * last_level_cache_bytes(), 256 * 2**20) // 4
+            self._flush_buf = torch.zeros(size, dtype=torch.float32)
+
+    def flush(self) -> None:
+        if self.device == "cuda":
+            self._flush_buf.zero_()
+        else:
+            self._flush_buf.add_(1.0)
+
+    def time_ms(self, fn, args) -> float:
+        """One flushed, timed call; the output is dropped before returning."""
+        self.flush()
+        if self.device == "cuda":
+            start, end = _Event(enable_timing=True), _Event(enable_timing=True)
+            start.record()
+            out = fn(*args)
+            _synchronize()
+            end.record()
+            end.synchronize()
+            del out
+            return start.elapsed_time(end)
+        t0 = _perf_counter_ns()
+        out = fn(*args)
+        t1 = _perf_counter_ns()
+        del out
+        return (t1 - t0) / 1e6
+
+
+def capture_graph(fn, args):
+    """A CUDA graph replaying fn(*args), or None if the call cannot be captured."""
+    try:
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(2):
+                fn(*args)
+        torch.cuda.current_stream().wait_stream(side)
+        graph = _CUDAGraph()
+        with torch.cuda.graph(graph):
+            out = fn(*args)
+        _synchronize()
+        return graph, out
+    except Exception:  # noqa: BLE001 - anything uncapturable falls back to eager timing
+        try:
+            _synchronize()
+        except Exception:  # noqa: BLE001
+            pass
+        return None
+
+
+def measure_interleaved(ref_fn, cand_fn, input_sets: list, warmup: int, trials: int,
+                        clock: Clock, seed: int, on_cand_call=None) -> tuple[list, list]:
+    """Paired timings (ms). `on_cand_call(before)` is told after each timed candidate call."""
+    rng = random.Random(seed)
+    with torch.no_grad():
+        for w in range(warmup):
+            args = input_sets[w % len(input_sets)]
+            ref_fn(*args)
+            cand_fn(*args)
+        ref_ms, cand_ms = [], []
+        for t in range(trials):
+            args = input_sets[t % len(input_sets)]
+            order = ("ref", "cand") if rng.random() < 0.5 else ("cand", "ref")
+            for which in order:
+                if which == "ref":
+                    ref_ms.append(clock.time_ms(ref_fn, args))
+                else:
+                    marker = on_cand_call() if on_cand_call else None
+                    cand_ms.append(clock.time_ms(cand_fn, args))
+                    if on_cand_call:
+                        on_cand_call(marker)
+    return ref_ms, cand_ms
+
+
+def measure_graphs(ref_fn, cand_fn, input_sets: list, warmup: int, trials: int, clock: Clock,
+                   seed: int) -> tuple[list, list] | None:
+    """Like measure_interleaved, but each call is a CUDA-graph replay; None if uncapturable."""
+    graphs = []
+    for args in input_sets:
+        pair = (capture_graph(ref_fn, args), capture_graph(cand_fn, args))
+        if pair[0] is None or pair[1] is None:
+            return None
+        graphs.append((pair[0][0], pair[1][0]))
+    replay = [(lambda g=g: g.replay(), lambda g=h: g.replay()) for g, h in graphs]
+    rng = random.Random(seed)
+    for w in range(warmup):
+        r, c = replay[w % len(replay)]
+        r()
+        c()
+    ref_ms, cand_ms = [], []
+    for t in range(trials):
+        r, c = replay[t % len(replay)]
+        for which in (("ref", "cand") if rng.random() < 0.5 else ("cand", "ref")):
+            (ref_ms if which == "ref" else cand_ms).append(clock.time_ms(r if which == "ref"
+                                                                         else c, ()))
+    return ref_ms, cand_ms
+
+
+def measure_kernelbench_style(fn, args, clock: Clock, warmup: int = 3, trials: int = 100) -> float:
+    """KernelBench's method, for comparison only: one input reused, mean of the trials."""
+    with torch.no_grad():
+        for _ in range(warmup):
+            fn(*args)
+        times = [clock.time_ms(fn, args) for _ in range(trials)]
+    return sum(times) / len(times)

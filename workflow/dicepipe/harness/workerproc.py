@@ -1,0 +1,184 @@
+"""The orchestrator's handle on one sandboxed worker process (spawn, ask, kill, restart).
+
+A worker is a fresh `python -m dicepipe.harness.worker_main` with a scrubbed environment, its
+own session (so a kill takes every process it made) and its own folder. Each request has a
+deadline that the worker's phase messages move forward; past it, or when the process's memory
+passes the limit, the whole process group is killed and the caller gets a failure reply, and
+the next request starts a fresh process.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Callable
+
+from .protocol import Channel, ChannelClosed
+from .sandbox import scrubbed_env
+
+log = logging.getLogger(__name__)
+PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])
+WATCH_INTERVAL_S = 0.5
+
+
+class WorkerProcess:
+    def __init__(self, role: str, root: Path, index: int, config: dict, env: dict[str, str],
+                 start_timeout_s: float, memory_limit_mb: int | None):
+        self.role = role
+        self.root = root
+        self.index = index
+        self.config = config
+        self.env_extra = env
+        self.start_timeout_s = start_timeout_s
+        self.memory_limit_mb = memory_limit_mb
+        self.generation = 0
+        self.proc: subprocess.Popen | None = None
+        self.channel: Channel | None = None
+        self.folder: Path | None = None
+        self.sandbox = ""
+        self.restarts = 0
+
+    # --- life cycle -------------------------------------------------------------------------
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def ensure_started(self) -> None:
+        if self.alive():
+            return
+        self.stop()
+        self.generation += 1
+        self.folder = self.root / f"{self.role}-{self.index}-{self.generation}"
+        self.folder.mkdir(parents=True, exist_ok=True)
+        to_child_r, to_child_w = os.pipe()
+        from_child_r, from_child_w = os.pipe()
+        config = dict(self.config, role=self.role, folder=str(self.folder),
+                      read_fd=to_child_r, write_fd=from_child_w)
+        env = scrubbed_env(dict(self.env_extra, HOME=str(self.folder), TMPDIR=str(self.folder),
+                                PYTHONPATH=PACKAGE_ROOT))
+        with open(self.folder / "worker.log", "ab") as log_file:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "dicepipe.harness.worker_main", json.dumps(config)],
+                stdin=subprocess.DEVNULL, stdout=log_file, stderr=subprocess.STDOUT, env=env,
+                cwd=self.folder, pass_fds=(to_child_r, from_child_w), start_new_session=True,
+                close_fds=True)
+        os.close(to_child_r)
+        os.close(from_child_w)
+        self.channel = Channel(from_child_r, to_child_w)
+        deadline = time.monotonic() + self.start_timeout_s
+        try:
+            ready = self.channel.recv(deadline)
+        except ChannelClosed:
+            ready = None
+        if not ready or ready.get("op") != "ready":
+            tail = self.log_tail()
+            self.stop()
+            raise RuntimeError(f"{self.role} worker did not start: {tail}")
+        self.sandbox = ready.get("sandbox", "")
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            if self.proc.poll() is None:
+                try:
+                    os.killpg(self.proc.pid, signal.SIGKILL)
+                except (ProcessLookupError, PermissionError):
+                    pass
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                pass
+        if self.channel is not None:
+            self.channel.close()
+        self.proc, self.channel = None, None
+        if self.folder is not None:
+            shutil.rmtree(self.folder, ignore_errors=True)
+            self.folder = None
+
+    def restart(self) -> None:
+        self.restarts += 1
+        self.stop()
+
+    def log_tail(self, limit: int = 3000) -> str:
+        if self.folder is None:
+            return ""
+        try:
+            data = (self.folder / "worker.log").read_bytes()
+        except OSError:
+            return ""
+        return data[-limit:].decode(errors="replace")
+
+    # --- requests ---------------------------------------------------------------------------
+
+    def request(self, message: dict, timeout_s: float,
+                on_message: Callable[[dict], dict | None] | None = None) -> dict:
+        """Send one request; return the worker's `result` message or a `failed` message.
+
+        Messages other than the result go to `on_message` (phase changes move the deadline;
+        a returned dict is sent back to the worker, and the time it took does not count).
+        """
+        self.ensure_started()
+        phase = message.get("op", "request")
+        deadline = time.monotonic() + timeout_s
+        try:
+            self.channel.send(message)
+            while True:
+                wait_until = min(deadline, time.monotonic() + WATCH_INTERVAL_S)
+                reply = self.channel.recv(wait_until)
+                if reply is None:
+                    if time.monotonic() >= deadline:
+                        return self._fail("timeout", phase, f"no answer within {timeout_s:.0f} s "
+                                          f"(phase {phase})")
+                    if self._over_memory():
+                        return self._fail("memory", phase, f"worker memory passed "
+                                          f"{self.memory_limit_mb} MB (phase {phase})")
+                    continue
+                op = reply.get("op")
+                if op == "result":
+                    return reply
+                if op == "phase":
+                    phase = reply.get("phase", phase)
+                    deadline = time.monotonic() + float(reply.get("timeout_s", timeout_s))
+                elif on_message is not None:
+                    answer = on_message(reply)
+                    if answer is not None:
+                        self.channel.send(answer)
+                    deadline = time.monotonic() + timeout_s
+        except ChannelClosed:
+            return self._crashed(phase)
+
+    def _over_memory(self) -> bool:
+        if not self.memory_limit_mb or self.proc is None:
+            return False
+        try:
+            with open(f"/proc/{self.proc.pid}/status") as fh:
+                for line in fh:
+                    if line.startswith("VmRSS:"):
+                        return int(line.split()[1]) > self.memory_limit_mb * 1024
+        except OSError:
+            return False
+        return False
+
+    def _crashed(self, phase: str) -> dict:
+        code = None
+        if self.proc is not None:
+            try:
+                code = self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                code = None
+        if code is not None and code < 0:
+            how = f"killed by signal {signal.Signals(-code).name}"
+        else:
+            how = f"exited with status {code}"
+        return self._fail("crash", phase, f"worker {how} (phase {phase})")
+
+    def _fail(self, kind: str, phase: str, text: str) -> dict:
+        tail = self.log_tail()
+        self.restart()
+        return {"op": "failed", "kind": kind, "phase": phase, "error": text, "log": tail}

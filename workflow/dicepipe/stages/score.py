@@ -1,0 +1,134 @@
+"""`dicepipe score`: score anyone's kernels with the harness.
+
+Input is either two folders whose files pair up by name (reference programs and candidate
+kernel files, KernelBench format), or a Parquet file of pairs. Output is the harness's
+result table (RESULT_SCHEMA) and a short summary on stdout. Re-running with the same
+`--out` resumes: jobs already in it are not run again.
+
+    dicepipe score --references refs/ --candidates kernels/ --backend cpu --out scores.parquet
+    dicepipe score --pairs pairs.parquet --backend cuda --out scores.parquet --repeats 5
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from pathlib import Path
+
+from ..errors import StageInputError
+
+log = logging.getLogger(__name__)
+REFERENCE_COLUMNS = ("reference_code", "reference", "ref_code")
+CANDIDATE_COLUMNS = ("candidate_code", "candidate", "kernel_code", "kernel")
+ID_COLUMNS = ("job_id", "sample_id", "task_id", "name")
+
+
+def add_arguments(parser) -> None:
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("--candidates", help="folder of candidate files (<name>.py)")
+    source.add_argument("--pairs", help="Parquet with reference and candidate code columns")
+    parser.add_argument("--references", help="folder of reference programs, same file names")
+    parser.add_argument("--backend", required=True, choices=["cpu", "cuda"])
+    parser.add_argument("--out", required=True, help="results Parquet (resumed if present)")
+    parser.add_argument("--repeats", type=int, default=1,
+                        help="measure each kernel up to this many times (default 1)")
+    parser.add_argument("--thresholds", type=float, nargs="+", default=[1.0],
+                        help="speedups the repeat rule must settle (default 1.0)")
+    parser.add_argument("--cache-dir", default=None,
+                        help="build cache (default: harness.cache_dir of params.yaml)")
+
+
+def load_folder_jobs(references: Path, candidates: Path, backend: str) -> list:
+    from ..harness import Job
+
+    if not references.is_dir():
+        raise StageInputError(f"--references {references}: no such folder.")
+    if not candidates.is_dir():
+        raise StageInputError(f"--candidates {candidates}: no such folder.")
+    jobs, missing = [], []
+    for cand in sorted(candidates.glob("*.py")):
+        ref = references / cand.name
+        if not ref.is_file():
+            missing.append(cand.name)
+            continue
+        jobs.append(Job(job_id=cand.stem, reference_code=ref.read_text(),
+                        candidate_code=cand.read_text(), backend=backend))
+    if missing:
+        log.warning("%d candidates have no reference of the same name in %s (skipped): %s",
+                    len(missing), references, ", ".join(missing[:10]))
+    if not jobs:
+        raise StageInputError(f"no candidate in {candidates} has a reference of the same file "
+                              f"name in {references}.")
+    return jobs
+
+
+def _pick(columns: list[str], wanted: tuple[str, ...], path: Path, what: str) -> str | None:
+    for name in wanted:
+        if name in columns:
+            return name
+    if what:
+        raise StageInputError(f"{path}: no {what} column. Expected one of {list(wanted)}; "
+                              f"found {columns}.")
+    return None
+
+
+def load_pairs_jobs(path: Path, backend: str) -> list:
+    import pyarrow.parquet as pq
+
+    from ..harness import Job
+
+    if not path.is_file():
+        raise StageInputError(f"--pairs {path}: no such file.")
+    table = pq.read_table(path)
+    ref_col = _pick(table.column_names, REFERENCE_COLUMNS, path, "reference code")
+    cand_col = _pick(table.column_names, CANDIDATE_COLUMNS, path, "candidate code")
+    id_col = _pick(table.column_names, ID_COLUMNS, path, "")
+    rows = table.to_pylist()
+    ids = [str(row[id_col]) for row in rows] if id_col else [f"{i:06d}" for i in range(len(rows))]
+    if len(set(ids)) != len(ids):
+        raise StageInputError(f"{path}: column {id_col!r} has repeated values; ids must be unique.")
+    return [Job(job_id=i, reference_code=row[ref_col], candidate_code=row[cand_col],
+                backend=backend) for i, row in zip(ids, rows)]
+
+
+def summarize(table, thresholds: list[float], robust: bool) -> list[str]:
+    rows = table.to_pylist()
+    n = len(rows)
+    verdict = "correct_robust" if robust else "correct"
+    lines = [f"{n} kernels: {sum(r['compiled'] for r in rows)} compiled, "
+             f"{sum(r['correct'] for r in rows)} correct, "
+             f"{sum(r['correct_robust'] for r in rows)} correct without deception flags"]
+    for p in thresholds:
+        faster = sum(1 for r in rows if r[verdict] and r["speedup_low"] is not None
+                     and r["speedup_low"] > p)
+        lines.append(f"fast_{p:g} ({verdict}, interval above {p:g}): {faster}/{n}")
+    speedups = [r["speedup_median"] for r in rows if r[verdict] and r["speedup_median"]]
+    if speedups:
+        geo = math.exp(sum(math.log(s) for s in speedups) / len(speedups))
+        lines.append(f"geometric mean speedup over {len(speedups)} {verdict} kernels: {geo:.3f}")
+    flagged = {name: sum(r[name] for r in rows) for name in table.column_names
+               if name.startswith("flag_")}
+    shown = ", ".join(f"{k[5:]}={v}" for k, v in flagged.items() if v)
+    lines.append(f"deception flags: {shown or 'none'}")
+    return lines
+
+
+def run(args, params: dict) -> int:
+    from ..harness import HarnessSettings, evaluate
+
+    if args.candidates and not args.references:
+        raise StageInputError("--candidates needs --references (the folder of reference "
+                              "programs with the same file names).")
+    if args.candidates:
+        jobs = load_folder_jobs(Path(args.references), Path(args.candidates), args.backend)
+    else:
+        jobs = load_pairs_jobs(Path(args.pairs), args.backend)
+    settings = HarnessSettings.from_params(params["harness"], repeats=args.repeats,
+                                           decision_thresholds=args.thresholds,
+                                           cache_dir=args.cache_dir)
+    log.info("scoring %d kernels on %s", len(jobs), args.backend)
+    table = evaluate(jobs, settings, results_path=Path(args.out), progress=True)
+    for line in summarize(table, args.thresholds, params["harness"].get("robust", True)):
+        print(line)
+    print(f"results: {args.out}")
+    return 0

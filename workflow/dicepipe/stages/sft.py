@@ -1,0 +1,88 @@
+"""`dicepipe sft`: supervised fine-tuning of a block-diffusion model on the CuKe sft split.
+
+    dicepipe sft --scale tiny --data data/cuke/seed/sft.parquet \\
+        --out models/sft/tiny --metrics metrics/sft/tiny
+
+Several GPUs: `torchrun --nproc_per_node 8 -m dicepipe.cli sft ...` (FSDP). A killed run
+resumes from its last checkpoint under --work-dir when started again with the same
+arguments. The output folder is a transformers checkpoint (model, tokenizer, chat template)
+plus block_diffusion.json; metrics are steps.tsv (per step) and summary.json.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+
+def add_arguments(parser) -> None:
+    parser.add_argument("--scale", required=True, help="scale name under params.yaml 'scales'")
+    parser.add_argument("--data", required=True, help="sft split (parquet, SFT_SCHEMA)")
+    parser.add_argument("--out", required=True, help="output model folder")
+    parser.add_argument("--metrics", required=True, help="metrics folder (steps.tsv, summary.json)")
+    parser.add_argument("--work-dir", default=None,
+                        help="checkpoints for resuming (default: <out>.work; removed after success)")
+    parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
+    parser.add_argument("--download", action="store_true",
+                        help="allow downloading a hub checkpoint missing from the local cache")
+    parser.add_argument("--keep-checkpoints", action="store_true")
+    parser.add_argument("--stop-after-steps", type=int, default=None,
+                        help="checkpoint and exit after this many optimizer steps (testing resume)")
+
+
+def _load_model(spec: dict, name: str, prompts, responses, env):
+    import torch
+
+    from ..model.loading import load_model
+    from ..model.tokenizer import train_tiny_tokenizer
+
+    tokenizer = None
+    if spec["kind"] == "tiny":
+        texts = [text for pair in zip(prompts, responses) for text in pair]
+        tokenizer = train_tiny_tokenizer(texts, spec["vocab_size"])
+    loaded = load_model(spec, name, tokenizer=tokenizer, dtype=torch.float32, device="cpu")
+    if loaded.settings.causal:
+        from ..errors import ModelError
+
+        raise ModelError(f"models.{name} is a causal model without a mask token; block-diffusion "
+                         "SFT needs one. Set models." + name + ".mask_token_id.")
+    return loaded
+
+
+def run(args, params) -> int:
+    from ..config import resolve_scale, sft_settings
+    from ..data.schema import SFT_SCHEMA, read_table
+    from ..errors import StageInputError
+    from ..model.loading import resolve_checkpoint
+    from ..train.data import prepare_sft_data
+    from ..train.parallel import init_distributed
+    from ..train.sft import RunOptions, SFTPaths, run_sft, with_defaults
+
+    scale = resolve_scale(params, args.scale)
+    settings = with_defaults(sft_settings(params, args.scale))
+    spec = scale.model_spec
+    if spec["kind"] != "tiny":  # fail before any work when the checkpoint is missing
+        resolve_checkpoint(spec, scale.model, allow_download=args.download)
+    table = read_table(args.data, SFT_SCHEMA)
+    if table.num_rows == 0:
+        raise StageInputError(f"{args.data}: no rows; the sft split is empty.")
+    prompts = table.column("prompt").to_pylist()
+    responses = table.column("response").to_pylist()
+    env = init_distributed(args.device)
+    loaded = _load_model(spec, scale.model, prompts, responses, env)
+    data = prepare_sft_data(prompts, responses, loaded.tokenizer, loaded.settings, settings["cutoff_len"],
+                            pack=settings["pack"])
+    if not data.rows:
+        raise StageInputError(f"{args.data}: every example is longer than cutoff_len "
+                              f"{settings['cutoff_len']} (params.yaml sft.cutoff_len).")
+    log.info("sft %s: %d examples in %d rows on %s x%d", args.scale, len(data.examples),
+             len(data.rows), env.device, env.world_size)
+    out = Path(args.out)
+    paths = SFTPaths(out, Path(args.metrics), Path(args.work_dir) if args.work_dir else out.with_name(out.name + ".work"))
+    options = RunOptions(stop_after_steps=args.stop_after_steps, keep_checkpoints=args.keep_checkpoints)
+    summary = run_sft(loaded, data, settings, paths, env, options)
+    if summary is not None:
+        log.info("sft %s done: loss %s -> %s", args.scale, summary["loss_first"], summary["loss_final"])
+    return 0

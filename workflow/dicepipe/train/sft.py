@@ -1,0 +1,180 @@
+"""The SFT loop: block-diffusion objective, AdamW, gradient accumulation, checkpoints,
+per-step metrics. Readable top to bottom: `run_sft` sets up, `train_step` is one optimizer
+step over this rank's micro-batches."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from tqdm import tqdm
+
+from ..model.loading import LoadedModel, save_model
+from ..model.objective import BlockDiffusionLM
+from . import checkpoint
+from .data import SFTData, StepPlan, micro_batch, stable_seed
+from .metrics import StepLog, write_summary
+from .optim import lr_factor, make_adamw, set_lr, warmup_steps
+from .parallel import DistEnv, all_reduce_mean, all_reduce_sum, barrier, parallelize
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class SFTPaths:
+    out_dir: Path  # final HF folder
+    metrics_dir: Path  # steps.tsv, summary.json
+    work_dir: Path  # resumable checkpoints (removed after success unless kept)
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    stop_after_steps: int | None = None  # leave early without the final save (resume tests)
+    keep_checkpoints: bool = False
+
+
+# Keys added after the first params.yaml layouts; params.yaml's sft.defaults sets them all.
+SETTING_DEFAULTS = {"weight_decay": 0.0, "max_grad_norm": 1.0, "pack": True, "compile": True,
+                    "attention": "auto", "activation_checkpointing": False}
+
+
+def with_defaults(settings: dict) -> dict:
+    return {**SETTING_DEFAULTS, **settings}
+
+
+def build_trainable(loaded: LoadedModel, settings: dict, env: DistEnv):
+    on_gpu = env.device.type == "cuda"
+    bf16 = bool(settings["bf16"]) and on_gpu
+    # fp32 master weights; under FSDP the shards move to the GPU as they are made.
+    lm = loaded.model.float() if env.distributed else loaded.model.to(env.device).float()
+    model = BlockDiffusionLM(lm, loaded.settings.block_size,
+                             compute_dtype=torch.bfloat16 if bf16 else None)
+    model.train()
+    parallelize(model, env, compile_layers=bool(settings["compile"]) and on_gpu,
+                activation_checkpointing=bool(settings["activation_checkpointing"]), bf16=bf16)
+    optimizer = make_adamw(model, settings["learning_rate"], settings["weight_decay"],
+                           fused=on_gpu and not env.distributed)
+    return model, optimizer, bf16
+
+
+def use_flex_attention(settings: dict, env: DistEnv) -> bool:
+    choice = settings["attention"]
+    return choice == "flex" or (choice == "auto" and env.device.type == "cuda")
+
+
+def train_step(model, optimizer, batches, *, env: DistEnv, use_flex: bool, bf16: bool,
+               max_grad_norm: float) -> dict:
+    optimizer.zero_grad(set_to_none=True)
+    loss_total = torch.zeros((), device=env.device)
+    tokens = masked = 0
+    autocast = torch.autocast("cuda", dtype=torch.bfloat16) if bf16 else contextlib.nullcontext()
+    for i, batch in enumerate(batches):
+        batch = batch.to(env.device)
+        if hasattr(model, "set_requires_gradient_sync"):  # FSDP: reduce once per step
+            model.set_requires_gradient_sync(i == len(batches) - 1)
+        mask = model.attention_mask(batch.doc_ids, use_flex)
+        with autocast:
+            loss_sum = model(batch, mask)
+        loss = loss_sum / max(batch.num_label_tokens, 1) / len(batches)
+        loss.backward()
+        loss_total += loss.detach()
+        tokens += batch.num_tokens
+        masked += int(batch.targets.numel())
+    grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
+    if hasattr(grad_norm, "full_tensor"):
+        grad_norm = grad_norm.full_tensor()
+    optimizer.step()
+    counts = all_reduce_sum(torch.tensor([tokens, masked], dtype=torch.float64, device=env.device), env)
+    return {"loss": float(all_reduce_mean(loss_total, env)), "grad_norm": float(grad_norm),
+            "tokens": int(counts[0]), "masked_tokens": int(counts[1])}
+
+
+def run_sft(loaded: LoadedModel, data: SFTData, settings: dict, paths: SFTPaths, env: DistEnv,
+            options: RunOptions = RunOptions()) -> dict | None:
+    """Train, save the final model to paths.out_dir; returns the summary (None if stopped early)."""
+    settings = with_defaults(settings)
+    model, optimizer, bf16 = build_trainable(loaded, settings, env)
+    plan = StepPlan(len(data.rows), settings["per_device_batch_size"], settings["grad_accum_steps"],
+                    env.world_size, settings["epochs"], settings["seed"])
+    warmup = warmup_steps(plan.total_steps, settings["warmup_ratio"])
+    start = checkpoint.restore_checkpoint(paths.work_dir, model, optimizer)
+    steps_log = StepLog(paths.metrics_dir / "steps.tsv", start, enabled=env.is_main)
+    use_flex = use_flex_attention(settings, env)
+    fixed_shape = env.device.type == "cuda"
+    timer = _Timer()
+    bar = tqdm(range(start, plan.total_steps), desc="sft", disable=not env.is_main, initial=start,
+               total=plan.total_steps)
+    for step in bar:
+        lr = settings["learning_rate"] * lr_factor(step, plan.total_steps, warmup, settings["lr_schedule"])
+        set_lr(optimizer, lr)
+        batches = [micro_batch(data, rows, loaded.settings, settings["noise_eps"],
+                               stable_seed(settings["seed"], step // plan.steps_per_epoch, position),
+                               settings["cutoff_len"], fixed_shape)
+                   for position, rows in plan.micro_batches(step, env.rank)]
+        with timer:
+            stats = train_step(model, optimizer, batches, env=env, use_flex=use_flex, bf16=bf16,
+                               max_grad_norm=settings["max_grad_norm"])
+        row = {"step": step + 1, "epoch": step // plan.steps_per_epoch + 1, "learning_rate": lr,
+               "tokens_per_s": stats["tokens"] / max(timer.last, 1e-9), **stats}
+        if (step + 1) % settings["log_every_steps"] == 0 or step + 1 == plan.total_steps:
+            steps_log.write(row)
+        bar.set_postfix(loss=f"{stats['loss']:.4f}")
+        done = step + 1
+        if options.stop_after_steps is not None and done >= options.stop_after_steps:
+            checkpoint.save_checkpoint(paths.work_dir, done, model, optimizer, env)
+            return None
+        if done % settings["save_every_steps"] == 0 and done < plan.total_steps:
+            checkpoint.save_checkpoint(paths.work_dir, done, model, optimizer, env)
+    _save_final(model, loaded, settings, paths, env, bf16)
+    summary = _summary(steps_log, plan, data, timer, model)
+    if env.is_main:
+        write_summary(paths.metrics_dir / "summary.json", summary)
+        if not options.keep_checkpoints:
+            import shutil
+
+            shutil.rmtree(paths.work_dir, ignore_errors=True)
+    barrier(env)
+    return summary
+
+
+def _save_final(model, loaded, settings, paths, env, bf16) -> None:
+    state = checkpoint.full_model_state(model, env)
+    if env.is_main:
+        loaded.model.eval()
+        save_model(paths.out_dir, loaded, state_dict=state,
+                   dtype=torch.bfloat16 if settings["bf16"] else torch.float32)
+    barrier(env)
+
+
+def _summary(steps_log: StepLog, plan: StepPlan, data: SFTData, timer: "_Timer", model) -> dict:
+    losses = steps_log.losses()
+    return {
+        "steps": plan.total_steps,
+        "epochs": plan.epochs,
+        "examples": len(data.examples),
+        "examples_dropped": data.dropped,
+        "packed_rows": len(data.rows),
+        "train_tokens_per_epoch": data.num_tokens,
+        "loss_first": losses[0] if losses else None,
+        "loss_final": losses[-1] if losses else None,
+        "parameters": sum(p.numel() for p in model.parameters()),
+        "train_time_s": round(timer.total, 3),
+        "tokens_per_s": round(data.num_tokens * plan.epochs / max(timer.total, 1e-9), 1),
+    }
+
+
+class _Timer:
+    def __init__(self):
+        self.total = 0.0
+        self.last = 0.0
+
+    def __enter__(self):
+        self._t0 = time.perf_counter()
+
+    def __exit__(self, *exc):
+        self.last = time.perf_counter() - self._t0
+        self.total += self.last
