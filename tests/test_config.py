@@ -90,3 +90,15 @@ def test_snakemake_refuses_bad_params(repo_root, raw, tmp_path):
                             capture_output=True, text=True)
     assert result.returncode != 0
     assert "speedup_threshold" in result.stdout + result.stderr
+
+
+def test_dotted_keys_with_dotted_scale_names(params):
+    from dicepipe.config import dvc_trackable_key, lookup, split_key
+
+    assert split_key(params, "sft.overrides.1.7b") == ["sft", "overrides", "1.7b"]
+    assert lookup(params, "scales.1.7b.backend") == "cuda"
+    assert dvc_trackable_key(params, "sft.overrides.tiny") == "sft.overrides"
+    assert dvc_trackable_key(params, "models.tiny") == "models.tiny"
+    assert dvc_trackable_key(params, "assemble") == "assemble"
+    with pytest.raises(ConfigError, match="does not exist"):
+        split_key(params, "scales.2b")

@@ -56,9 +56,11 @@ def test_sft_example_is_block_padded_with_trained_pad_tokens(tokenizer):
     prompt_len = len(tokenizer(fmt.prompt_text("add one"), add_special_tokens=False)["input_ids"])
     assert ex.labels[:prompt_len] == (IGNORE_INDEX,) * prompt_len
     assert all(label != IGNORE_INDEX for label in ex.labels[prompt_len:])
-    body = tokenizer.decode(list(ex.input_ids[prompt_len:]))
-    assert body.startswith("return x + 1<|im_end|>\n")
-    assert set(ex.input_ids[len(ex) - (len(ex) - prompt_len - len(tokenizer("return x + 1<|im_end|>\n", add_special_tokens=False)["input_ids"])):]) <= {pad}
+    response_ids = tokenizer("return x + 1<|im_end|>\n", add_special_tokens=False)["input_ids"]
+    assert list(ex.input_ids[prompt_len : prompt_len + len(response_ids)]) == response_ids
+    tail = ex.input_ids[prompt_len + len(response_ids) :]
+    assert len(tail) < 4 and set(tail) <= {pad}
+    assert ex.labels[len(ex) - len(tail) :] == tail  # the block padding is trained
 
 
 def _write_sdar_checkpoint(folder, model, tokenizer, mask_id):

@@ -10,6 +10,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from dicepipe.config import dvc_trackable_key
+
 from dag_tools import copy_workflow, deps_match, dvc_records, snakemake_records
 
 
@@ -34,6 +36,7 @@ def _scale_targets(params: dict, scale: str) -> list[str]:
 def test_snakemake_and_dvc_agree_for_scale(workspace, dvc_stages, scale):
     params = yaml.safe_load((workspace / "params.yaml").read_text())
     snake = snakemake_records(workspace, _scale_targets(params, scale))
+    assert "sft@" + scale in snake
     assert snake, "Snakemake built an empty DAG"
     problems = []
     for name, record in sorted(snake.items()):
@@ -45,7 +48,7 @@ def test_snakemake_and_dvc_agree_for_scale(workspace, dvc_stages, scale):
             problems.append(f"{name}: commands differ\n  snakemake: {record.cmd}\n  dvc:       {other.cmd}")
         if record.outs != other.outs:
             problems.append(f"{name}: outputs differ: {sorted(record.outs ^ other.outs)}")
-        if record.params != other.params:
+        if {dvc_trackable_key(params, k) for k in record.params} != other.params:
             problems.append(f"{name}: params differ: snakemake {sorted(record.params)} "
                             f"dvc {sorted(other.params)}")
         problems += [f"{name}: {p}" for p in deps_match(record.deps, other.deps)]

@@ -187,3 +187,44 @@ def sft_settings(params: dict, scale: str) -> dict:
     settings = dict(params["sft"]["defaults"])
     settings.update(params["sft"]["overrides"].get(scale) or {})
     return settings
+
+
+def split_key(params: dict, dotted: str) -> list[str]:
+    """Split a dotted params key into its path, allowing names that contain dots
+    (the scale `1.7b`): at each level the longest matching name wins."""
+    parts, node, rest = [], params, dotted.split(".")
+    while rest:
+        for n in range(len(rest), 0, -1):
+            name = ".".join(rest[:n])
+            if isinstance(node, dict) and name in node:
+                parts.append(name)
+                node, rest = node[name], rest[n:]
+                break
+        else:
+            raise ConfigError(f"params key {dotted!r} does not exist (stopped at {'.'.join(parts) or '<top>'}).")
+    return parts
+
+
+def lookup(params: dict, dotted: str):
+    value = params
+    for part in split_key(params, dotted):
+        value = value[part]
+    return value
+
+
+# Sections whose entries are named by scale.
+SCALE_KEYED_SECTIONS = {("scales",), ("sft", "overrides")}
+
+
+def dvc_trackable_key(params: dict, dotted: str) -> str:
+    """The key dvc.yaml lists for a key Snakemake tracks. DVC addresses params by dotted path
+    and cannot address a name containing a dot (the scale `1.7b`); since one foreach template
+    serves every scale, per-scale entries are tracked through their parent (`scales`,
+    `sft.overrides`) whenever any scale name has a dot. A superset: DVC may re-run a little more."""
+    parts = split_key(params, dotted)
+    dotted_scales = any("." in name for name in params["scales"])
+    for i, part in enumerate(parts):
+        scale_keyed = tuple(parts[:i]) in SCALE_KEYED_SECTIONS
+        if "." in part or (dotted_scales and scale_keyed):
+            return ".".join(parts[:i])
+    return dotted

@@ -4,6 +4,8 @@ import re
 from pathlib import Path
 
 import yaml
+
+import dicepipe.config as dicepipe_config
 from snakemake.utils import validate
 
 # Both runners must read the same values: the CLI reads params.yaml itself, so a value set
@@ -32,10 +34,7 @@ def lookup_key(dotted, wildcards):
         names["model"] = config["scales"][names["scale"]]["model"]
         names.setdefault("corpus", config["scales"][names["scale"]]["corpus"])
     key = dotted.format(**names)
-    value = config
-    for part in key.split("."):
-        value = value[part]
-    return key, value
+    return key, dicepipe_config.lookup(config, key)
 
 
 def tracked(*keys):

@@ -43,9 +43,11 @@ def sdpa_gqa(query, key, value, mask, scale, fold: bool | None = None):
     if fold is None:
         fold = q_len <= FOLD_MAX_QUERIES
     if group > 1 and not fold:
-        # Long queries (training): repeating keys costs less than repeating the mask.
-        return F.scaled_dot_product_attention(query, key, value, attn_mask=mask, scale=scale,
-                                              enable_gqa=True)
+        # Long queries (training): repeating keys costs less than repeating the mask, and
+        # keeps SDPA's masked (memory-efficient) kernel eligible, which enable_gqa may not.
+        key = key.repeat_interleave(group, dim=1)
+        value = value.repeat_interleave(group, dim=1)
+        return F.scaled_dot_product_attention(query, key, value, attn_mask=mask, scale=scale)
     if group > 1:
         query = query.reshape(batch, kv_heads, group * q_len, dim)
         if mask is not None:

@@ -39,6 +39,7 @@ class EndpointAuthor:
         self.timeout_s = float(settings.get("timeout_s", 120))
         self.max_tokens = int(settings.get("max_tokens", 4096))
         self.temperature = float(settings.get("temperature", 0.7))
+        self.concurrency = int(settings.get("concurrency", 4))
         self.backend = backend
         self.seed = seed
         key_env = settings.get("api_key_env", "")

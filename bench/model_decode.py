@@ -1,0 +1,119 @@
+"""Decoding throughput on one GPU with random SDAR-shaped models (bf16): block diffusion
+(block 4, 4 denoising steps per block, static remasking, greedy) through `Decoder`, against
+the straightforward loop (no CUDA graphs, separate KV-write forward per block) and the
+autoregressive loop of the same engine. Stop tokens are off so every row writes all its
+tokens: tokens/s = rows x new tokens / wall time of generate() (prefill included, graph
+capture excluded by a warm-up call on the same shapes).
+
+    PYTHONPATH=workflow python bench/model_decode.py --out /tmp/decode.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import time
+from dataclasses import replace
+
+import torch
+
+from dicepipe.model.decode import Decoder, DecodeSettings
+from dicepipe.model.settings import BlockSettings
+from dicepipe.model.shapes import SDAR_MASK_ID, SHAPES, qwen3_config, random_qwen3
+
+# (name, shape, batch, mode, new tokens, cuda graphs, fused commit, temperature, strategy)
+CASES = [
+    ("diffusion", "1.7b", 64, "block", 1024, True, True, 0.0, "static"),
+    ("diffusion_sampled_t1", "1.7b", 64, "block", 1024, True, True, 1.0, "static"),
+    ("diffusion_dynamic", "1.7b", 64, "block", 1024, True, True, 0.0, "dynamic"),
+    ("diffusion_unfused", "1.7b", 64, "block", 1024, True, False, 0.0, "static"),
+    ("diffusion", "1.7b", 1, "block", 1024, True, True, 0.0, "static"),
+    ("straightforward_loop", "1.7b", 64, "block", 128, False, False, 0.0, "static"),
+    ("straightforward_loop", "1.7b", 1, "block", 64, False, False, 0.0, "static"),
+    ("autoregressive", "1.7b", 64, "ar", 1024, True, True, 0.0, "static"),
+    ("autoregressive", "1.7b", 1, "ar", 1024, True, True, 0.0, "static"),
+    ("autoregressive_eager", "1.7b", 64, "ar", 128, False, True, 0.0, "static"),
+    ("diffusion", "4b", 128, "block", 1024, True, True, 0.0, "static"),
+    ("autoregressive", "4b", 128, "ar", 1024, True, True, 0.0, "static"),
+]
+
+
+def prompts_for(batch: int, length: int, seed: int) -> list[list[int]]:
+    gen = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(length - 31, length + 1, (batch,), generator=gen).tolist()
+    return [torch.randint(0, 151643, (n,), generator=gen).tolist() for n in lengths]
+
+
+def run_case(models: dict, case, prompt_len: int) -> dict:
+    name, shape, batch, mode, new_tokens, graphs, fused, temperature, strategy = case
+    lm = models[shape]
+    causal = mode == "ar"
+    settings = BlockSettings(block_size=1 if causal else 4, mask_token_id=None if causal else SDAR_MASK_ID,
+                             pad_token_id=151643, stop_token_ids=(151645, 151643), causal=causal)
+    decoder = Decoder(lm, settings, cuda_graphs=graphs)
+    cfg = DecodeSettings(max_new_tokens=new_tokens, denoising_steps=4, strategy=strategy,
+                         temperature=temperature, top_k=0, stop_at_end=False, fuse_commit=fused)
+    prompts = prompts_for(batch, prompt_len, seed=batch)
+    t0 = time.perf_counter()
+    warm_cfg = cfg if graphs else replace(cfg, max_new_tokens=8)
+    decoder.generate(prompts, warm_cfg)  # captures the graphs for these shapes
+    torch.cuda.synchronize()
+    warm_s = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    result = decoder.generate(prompts, cfg)
+    torch.cuda.synchronize()
+    wall = time.perf_counter() - t0
+    tokens = sum(len(g.token_ids) for g in result.generations)
+    out = {"case": name, "shape": shape, "batch": batch, "mode": mode, "new_tokens": new_tokens,
+           "cuda_graphs": graphs, "fused_commit": fused, "temperature": temperature, "strategy": strategy,
+           "prompt_len": prompt_len, "wall_s": wall, "warmup_s": warm_s, "tokens": tokens,
+           "tokens_per_s": tokens / wall, "forwards": result.forwards,
+           "ms_per_forward": 1000 * wall / max(result.forwards, 1),
+           "graphs_captured": len(decoder.engine.graphs) if decoder.engine else 0,
+           "peak_gib": torch.cuda.max_memory_allocated() / 2**30}
+    del decoder
+    gc.collect()
+    torch.cuda.empty_cache()
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--prompt-len", type=int, default=512)
+    parser.add_argument("--only", nargs="*", default=None, help="case indices to run")
+    args = parser.parse_args()
+    cases = [c for i, c in enumerate(CASES) if args.only is None or str(i) in args.only]
+    results = {"prompt_len": args.prompt_len, "runs": []}
+    models: dict = {}
+    for case in cases:
+        shape = case[1]
+        if shape not in models:
+            for key in list(models):  # one model on the GPU at a time
+                del models[key]
+            gc.collect()
+            torch.cuda.empty_cache()
+            models[shape] = random_qwen3(qwen3_config(SHAPES[shape]), dtype=torch.bfloat16, device="cuda")
+        torch.cuda.reset_peak_memory_stats()
+        try:
+            run = run_case(models, case, args.prompt_len)
+        except Exception as exc:
+            run = {"case": case[0], "shape": shape, "batch": case[2], "error": f"{type(exc).__name__}: {exc}"[:500]}
+            gc.collect()
+            torch.cuda.empty_cache()
+        results["runs"].append(run)
+        print(json.dumps(run), flush=True)
+        with open(args.out, "w") as fh:
+            json.dump(results, fh, indent=2)
+    print(f"\n{'case':>22} {'shape':>5} {'batch':>5} {'tokens':>6} {'tok/s':>9} {'ms/fwd':>7} {'fwd':>5}")
+    for run in results["runs"]:
+        if "error" in run:
+            print(f"{run['case']:>22} {run['shape']:>5} {run['batch']:>5} ERROR {run['error'][:70]}")
+        else:
+            print(f"{run['case']:>22} {run['shape']:>5} {run['batch']:>5} {run['tokens']:>6} "
+                  f"{run['tokens_per_s']:>9.0f} {run['ms_per_forward']:>7.2f} {run['forwards']:>5}")
+
+
+if __name__ == "__main__":
+    main()

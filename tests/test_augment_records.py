@@ -1,0 +1,64 @@
+"""The verdict rule, attempt rows and the report: pure functions over plain rows."""
+
+from __future__ import annotations
+
+import pyarrow as pa
+
+from dicepipe.augment.records import ATTEMPT_SCHEMA, attempt_row, build_report, classify, task_reason
+from dicepipe.augment.shapes import BlockShape
+from dicepipe.augment.tasks import Task
+
+GOOD = {"compiled": True, "correct": True, "correct_robust": True, "speedup_median": 1.3,
+        "speedup_low": 1.1, "speedup_high": 1.5, "error": None}
+
+
+def _task(name: str, family: str = "mha") -> Task:
+    return Task(name, family, "cfg", "cpu", 3, BlockShape(1, 8, 64, 128, 2, 2, 32), "code")
+
+
+def test_classify_follows_the_verdict_order():
+    kw = {"threshold": 1.0, "statistic": "low", "robust": True}
+    assert classify(GOOD, **kw) == "kept"
+    assert classify({**GOOD, "compiled": False, "correct": False}, **kw) == "build_failed"
+    assert classify({**GOOD, "correct": False}, **kw) == "incorrect"
+    assert classify({**GOOD, "correct_robust": False}, **kw) == "flagged"
+    assert classify({**GOOD, "correct_robust": False}, **{**kw, "robust": False}) == "kept"
+    assert classify({**GOOD, "speedup_low": None}, **kw) == "unmeasured"
+    assert classify({**GOOD, "speedup_low": float("nan")}, **kw) == "unmeasured"
+
+
+def test_lower_bound_is_stricter_than_the_median():
+    noisy = {**GOOD, "speedup_median": 1.05, "speedup_low": 0.97}
+    assert classify(noisy, threshold=1.0, statistic="low", robust=True) == "too_slow"
+    assert classify(noisy, threshold=1.0, statistic="median", robust=True) == "kept"
+    assert classify(GOOD, threshold=1.1, statistic="low", robust=True) == "kept"  # at = kept
+
+
+def test_task_reason_reports_the_most_promising_failure():
+    assert task_reason([{"reason": "author_timeout"}, {"reason": "incorrect"}]) == "incorrect"
+    assert task_reason([{"reason": "build_failed"}, {"reason": "too_slow"}]) == "too_slow"
+    assert task_reason([{"reason": "too_slow"}, {"reason": "kept"}]) == "kept"
+    assert task_reason([]) == "no_candidate"
+
+
+def test_rows_fit_the_schema_and_report_counts():
+    a, b, c = _task("a"), _task("b"), _task("c", "mlp_plain")
+    rows = [
+        attempt_row(a, 0, "templates", job_id="a0", result={**GOOD, "speedup_low": 0.9},
+                    reason="too_slow"),
+        attempt_row(a, 1, "templates", job_id="a1", result=GOOD, reason="kept"),
+        attempt_row(b, 0, "endpoint", reason="author_timeout", detail="no answer"),
+        attempt_row(b, 1, "endpoint", job_id="b1",
+                    result={"compiled": False, "error": "boom"}, reason="build_failed"),
+    ]
+    table = pa.Table.from_pylist(rows, schema=ATTEMPT_SCHEMA)
+    assert table.num_rows == 4
+    assert rows[2]["job_id"] is None and rows[2]["compiled"] is False
+    assert rows[3]["detail"] == "boom"
+    report = build_report([a, b, c], rows, {"corpus": "x"})
+    assert report["tasks"] == 3 and report["tasks_with_sample"] == 1
+    assert report["attempts_by_reason"] == {"author_timeout": 1, "build_failed": 1, "kept": 1,
+                                            "too_slow": 1}
+    assert report["tasks_without_sample_by_reason"] == {"build_failed": 1, "no_candidate": 1}
+    assert report["families"]["mha"] == {"tasks": 2, "with_sample": 1}
+    assert report["kept_speedup"]["median"] == 1.3

@@ -1,0 +1,89 @@
+"""Resume after a killed run: finished rows survive, are not re-run, and workers die too."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+from dicepipe.harness import evaluate
+from test_harness_helpers import RELU_REF, by_id, job, python_candidate, settings
+
+GOOD = python_candidate("return x.clamp_min(0)")
+HANG = python_candidate("import time\ntime.sleep(3600)\nreturn x")
+
+RUNNER = textwrap.dedent("""
+    import sys
+    from pathlib import Path
+    sys.path.insert(0, {tests!r})
+    from dicepipe.harness import evaluate
+    from test_harness_helpers import RELU_REF, job, settings
+    from test_harness_resume import GOOD, HANG
+    jobs = [job("first", RELU_REF, GOOD), job("hang", RELU_REF, HANG), job("last", RELU_REF, GOOD)]
+    evaluate(jobs, settings(Path({cache!r}), run_timeout_s=600), Path({out!r}), progress=False)
+""")
+
+
+def _children(pid: int) -> list[int]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+                found.append(int(entry.name))
+    return found
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+def test_resume_after_kill(tmp_path):
+    out = tmp_path / "results.parquet"
+    journal = tmp_path / "results.parquet.journal.jsonl"
+    script = RUNNER.format(tests=str(Path(__file__).parent), cache=str(tmp_path / "cache"),
+                           out=str(out))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+    proc = subprocess.Popen([sys.executable, "-c", script], env=env)
+    try:
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline:
+            if journal.is_file() and journal.read_text().count("\n") >= 1:
+                break
+            assert proc.poll() is None, "the run ended before it could be killed"
+            time.sleep(0.5)
+        else:
+            raise AssertionError("no row was journaled in time")
+        time.sleep(1.0)  # the hanging job is now on the device worker
+        workers = _children(proc.pid)
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    journaled = [json.loads(line) for line in journal.read_text().splitlines()]
+    assert [row["job_id"] for row in journaled] == ["first"]
+    time.sleep(2.0)
+    assert workers and not any(_alive(pid) for pid in workers), "workers outlived their parent"
+
+    resumed = evaluate([job("first", RELU_REF, GOOD), job("hang", RELU_REF, HANG),
+                        job("last", RELU_REF, GOOD)],
+                       settings(tmp_path / "cache", run_timeout_s=5), out, progress=False)
+    rows = by_id(resumed)
+    assert list(rows) == ["first", "hang", "last"]
+    # not re-run: the row is the journaled one, timings and all
+    assert rows["first"]["ref_runtime_ms"] == journaled[0]["ref_runtime_ms"]
+    assert rows["first"]["wall_time_s"] == journaled[0]["wall_time_s"]
+    assert rows["hang"]["error"].startswith("timeout")
+    assert rows["last"]["correct"]
+    assert out.is_file() and not journal.exists()
