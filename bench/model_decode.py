@@ -1,5 +1,6 @@
 """Decoding throughput on one GPU with random SDAR-shaped models (bf16): block diffusion
-(block 4, 4 denoising steps per block, static remasking, greedy) through `Decoder`, against
+(block 4, 4 denoising steps per block, static remasking, greedy) through `Decoder` (CUDA
+graphs; optionally the per-token layer parts torch.compile'd), against
 the straightforward loop (no CUDA graphs, separate KV-write forward per block) and the
 autoregressive loop of the same engine. Stop tokens are off so every row writes all its
 tokens: tokens/s = rows x new tokens / wall time of generate() (prefill included, graph
@@ -17,25 +18,32 @@ import time
 from dataclasses import replace
 
 import torch
-
 from dicepipe.model.decode import Decoder, DecodeSettings
 from dicepipe.model.settings import BlockSettings
 from dicepipe.model.shapes import SDAR_MASK_ID, SHAPES, qwen3_config, random_qwen3
 
-# (name, shape, batch, mode, new tokens, cuda graphs, fused commit, temperature, strategy)
+
+def _case(name, shape, batch, mode="block", new_tokens=1024, graphs=True, fused=True,
+          temperature=0.0, strategy="static", compiled=False) -> dict:
+    return {"name": name, "shape": shape, "batch": batch, "mode": mode, "new_tokens": new_tokens, "graphs": graphs,
+                "fused": fused, "temperature": temperature, "strategy": strategy, "compiled": compiled}
+
+
 CASES = [
-    ("diffusion", "1.7b", 64, "block", 1024, True, True, 0.0, "static"),
-    ("diffusion_sampled_t1", "1.7b", 64, "block", 1024, True, True, 1.0, "static"),
-    ("diffusion_dynamic", "1.7b", 64, "block", 1024, True, True, 0.0, "dynamic"),
-    ("diffusion_unfused", "1.7b", 64, "block", 1024, True, False, 0.0, "static"),
-    ("diffusion", "1.7b", 1, "block", 1024, True, True, 0.0, "static"),
-    ("straightforward_loop", "1.7b", 64, "block", 128, False, False, 0.0, "static"),
-    ("straightforward_loop", "1.7b", 1, "block", 64, False, False, 0.0, "static"),
-    ("autoregressive", "1.7b", 64, "ar", 1024, True, True, 0.0, "static"),
-    ("autoregressive", "1.7b", 1, "ar", 1024, True, True, 0.0, "static"),
-    ("autoregressive_eager", "1.7b", 64, "ar", 128, False, True, 0.0, "static"),
-    ("diffusion", "4b", 128, "block", 1024, True, True, 0.0, "static"),
-    ("autoregressive", "4b", 128, "ar", 1024, True, True, 0.0, "static"),
+    _case("diffusion", "1.7b", 64),
+    _case("diffusion_compiled", "1.7b", 64, compiled=True),
+    _case("diffusion_sampled_t1", "1.7b", 64, temperature=1.0),
+    _case("diffusion_dynamic", "1.7b", 64, strategy="dynamic"),
+    _case("diffusion_unfused", "1.7b", 64, fused=False),
+    _case("diffusion", "1.7b", 1),
+    _case("straightforward_loop", "1.7b", 64, new_tokens=128, graphs=False, fused=False),
+    _case("straightforward_loop", "1.7b", 1, new_tokens=64, graphs=False, fused=False),
+    _case("autoregressive", "1.7b", 64, mode="ar"),
+    _case("autoregressive", "1.7b", 1, mode="ar"),
+    _case("autoregressive_eager", "1.7b", 64, mode="ar", new_tokens=128, graphs=False),
+    _case("diffusion", "4b", 128),
+    _case("diffusion_compiled", "4b", 128, compiled=True),
+    _case("autoregressive", "4b", 128, mode="ar"),
 ]
 
 
@@ -45,15 +53,16 @@ def prompts_for(batch: int, length: int, seed: int) -> list[list[int]]:
     return [torch.randint(0, 151643, (n,), generator=gen).tolist() for n in lengths]
 
 
-def run_case(models: dict, case, prompt_len: int) -> dict:
-    name, shape, batch, mode, new_tokens, graphs, fused, temperature, strategy = case
-    lm = models[shape]
-    causal = mode == "ar"
+def run_case(models: dict, case: dict, prompt_len: int) -> dict:
+    lm = models[case["shape"]]
+    causal = case["mode"] == "ar"
     settings = BlockSettings(block_size=1 if causal else 4, mask_token_id=None if causal else SDAR_MASK_ID,
                              pad_token_id=151643, stop_token_ids=(151645, 151643), causal=causal)
-    decoder = Decoder(lm, settings, cuda_graphs=graphs)
-    cfg = DecodeSettings(max_new_tokens=new_tokens, denoising_steps=4, strategy=strategy,
-                         temperature=temperature, top_k=0, stop_at_end=False, fuse_commit=fused)
+    graphs, batch = case["graphs"], case["batch"]
+    decoder = Decoder(lm, settings, cuda_graphs=graphs, compile_layers=case["compiled"])
+    cfg = DecodeSettings(max_new_tokens=case["new_tokens"], denoising_steps=4, strategy=case["strategy"],
+                         temperature=case["temperature"], top_k=0, stop_at_end=False,
+                         fuse_commit=case["fused"])
     prompts = prompts_for(batch, prompt_len, seed=batch)
     t0 = time.perf_counter()
     warm_cfg = cfg if graphs else replace(cfg, max_new_tokens=8)
@@ -65,9 +74,7 @@ def run_case(models: dict, case, prompt_len: int) -> dict:
     torch.cuda.synchronize()
     wall = time.perf_counter() - t0
     tokens = sum(len(g.token_ids) for g in result.generations)
-    out = {"case": name, "shape": shape, "batch": batch, "mode": mode, "new_tokens": new_tokens,
-           "cuda_graphs": graphs, "fused_commit": fused, "temperature": temperature, "strategy": strategy,
-           "prompt_len": prompt_len, "wall_s": wall, "warmup_s": warm_s, "tokens": tokens,
+    out = {**case, "case": case["name"], "prompt_len": prompt_len, "wall_s": wall, "warmup_s": warm_s, "tokens": tokens,
            "tokens_per_s": tokens / wall, "forwards": result.forwards,
            "ms_per_forward": 1000 * wall / max(result.forwards, 1),
            "graphs_captured": len(decoder.engine.graphs) if decoder.engine else 0,
@@ -88,7 +95,7 @@ def main() -> None:
     results = {"prompt_len": args.prompt_len, "runs": []}
     models: dict = {}
     for case in cases:
-        shape = case[1]
+        shape = case["shape"]
         if shape not in models:
             for key in list(models):  # one model on the GPU at a time
                 del models[key]
@@ -98,8 +105,8 @@ def main() -> None:
         torch.cuda.reset_peak_memory_stats()
         try:
             run = run_case(models, case, args.prompt_len)
-        except Exception as exc:
-            run = {"case": case[0], "shape": shape, "batch": case[2], "error": f"{type(exc).__name__}: {exc}"[:500]}
+        except Exception as exc:  # noqa: BLE001 (a failing case is reported, the rest still run)
+            run = {"case": case["name"], "shape": shape, "batch": case["batch"], "error": f"{type(exc).__name__}: {exc}"[:500]}
             gc.collect()
             torch.cuda.empty_cache()
         results["runs"].append(run)

@@ -23,7 +23,6 @@ import json
 import time
 
 import torch
-
 from dicepipe.model.layout import build_rows, make_train_batch
 from dicepipe.model.masks import dense_block_diffusion_mask
 from dicepipe.model.objective import BlockDiffusionLM
@@ -127,7 +126,7 @@ def main() -> None:
         for name in args.variants:
             try:
                 run = run_variant(name, config, batch, args.steps, args.warmup)
-            except Exception as exc:  # report and go on: one variant failing must not hide the rest
+            except Exception as exc:  # noqa: BLE001 (a failing variant must not hide the rest)
                 run = {"variant": name, "error": f"{type(exc).__name__}: {exc}"[:500]}
                 gc.collect()
                 torch.cuda.empty_cache()

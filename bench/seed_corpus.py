@@ -6,13 +6,14 @@ torch.allclose at atol=rtol=1e-4), then time both on one input set: warm-up call
 interleaved calls of each, median wall time per call.
 
     TORCH_EXTENSIONS_DIR=.cache/dicepipe/seed-check .venv/bin/python bench/seed_corpus.py \
-        [--names relu swiglu ...] [--seeds 3] [--calls 30] [--json out.json]
+        [--names relu swiglu ...] [--seeds 3] [--calls 30] [--threads N [--cpu-time]] [--json out.json]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import time
 from pathlib import Path
@@ -61,16 +62,16 @@ def check_pair(ref_ns: dict, new_ns: dict, seeds: int) -> float:
     return worst
 
 
-def median_call_ms(model, inputs: list, calls: int) -> list[float]:
+def call_times_ms(model, inputs: list, calls: int, clock) -> list[float]:
     times = []
     for _ in range(calls):
-        start = time.perf_counter()
+        start = clock()
         model(*inputs)
-        times.append((time.perf_counter() - start) * 1e3)
+        times.append((clock() - start) * 1e3)
     return times
 
 
-def time_pair(ref_ns: dict, new_ns: dict, calls: int, warmup: int = 5) -> tuple[float, float]:
+def time_pair(ref_ns: dict, new_ns: dict, calls: int, clock, warmup: int = 5) -> tuple[float, float]:
     reference, candidate = build_models(ref_ns, new_ns, 0)
     inputs = make_inputs(ref_ns, 0)
     for _ in range(warmup):
@@ -79,21 +80,23 @@ def time_pair(ref_ns: dict, new_ns: dict, calls: int, warmup: int = 5) -> tuple[
     ref_ms, new_ms = [], []
     # Interleaved in small groups so that load from other processes hits both sides alike.
     for _ in range(calls // 5):
-        ref_ms += median_call_ms(reference, inputs, 5)
-        new_ms += median_call_ms(candidate, inputs, 5)
+        ref_ms += call_times_ms(reference, inputs, 5, clock)
+        new_ms += call_times_ms(candidate, inputs, 5, clock)
     return statistics.median(ref_ms), statistics.median(new_ms)
 
 
-def run_pair(name: str, seeds: int, calls: int) -> dict:
+def run_pair(name: str, seeds: int, calls: int, clock=time.perf_counter) -> dict:
     ref_ns = load_namespace(CORPUS / "reference" / f"{name}.py")
     start = time.perf_counter()
     new_ns = load_namespace(CORPUS / "kernels" / f"{name}.py")
     build_s = time.perf_counter() - start
     with torch.inference_mode():
         max_abs_error = check_pair(ref_ns, new_ns, seeds)
-        ref_ms, new_ms = time_pair(ref_ns, new_ns, calls)
+        ref_ms, new_ms = time_pair(ref_ns, new_ns, calls, clock)
+    # Other processes on a 2-core machine distort timings badly; keep the load next to them.
     return {"name": name, "build_s": round(build_s, 1), "max_abs_error": max_abs_error,
-            "ref_ms": ref_ms, "new_ms": new_ms, "speedup": ref_ms / new_ms}
+            "ref_ms": ref_ms, "new_ms": new_ms, "speedup": ref_ms / new_ms,
+            "load_1min": os.getloadavg()[0]}
 
 
 def main() -> None:
@@ -101,13 +104,22 @@ def main() -> None:
     parser.add_argument("--names", nargs="*", help="pair names (default: all)")
     parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--calls", type=int, default=30)
+    parser.add_argument("--threads", type=int, help="torch.set_num_threads (also OpenMP in the kernels)")
+    parser.add_argument("--cpu-time", action="store_true",
+                        help="time with the calling thread's CPU clock (needs --threads 1): "
+                        "blind to time spent descheduled by other processes")
     parser.add_argument("--json", type=Path, help="also write the rows here")
     args = parser.parse_args()
+    if args.cpu_time and args.threads != 1:
+        parser.error("--cpu-time needs --threads 1")
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    clock = time.thread_time if args.cpu_time else time.perf_counter
     names = args.names or sorted(p.stem for p in (CORPUS / "reference").glob("*.py"))
     rows = []
     for name in names:
         try:
-            row = run_pair(name, args.seeds, args.calls)
+            row = run_pair(name, args.seeds, args.calls, clock)
         except Exception as exc:  # report every pair, even after one fails
             row = {"name": name, "error": f"{type(exc).__name__}: {exc}"[:300]}
         rows.append(row)

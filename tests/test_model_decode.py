@@ -7,7 +7,6 @@ import copy
 
 import pytest
 import torch
-
 from dicepipe.model.decode import Decoder, DecodeSettings
 from dicepipe.model.layout import build_rows, make_train_batch
 from dicepipe.model.masks import block_causal_mask
@@ -20,8 +19,8 @@ VOCAB = 97
 MASK_ID = 96
 PAD_ID = 0
 STOP_ID = 1
-SHAPE = dict(hidden_size=48, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
-             num_key_value_heads=2, head_dim=16)
+SHAPE = {"hidden_size": 48, "intermediate_size": 96, "num_hidden_layers": 2, "num_attention_heads": 4,
+             "num_key_value_heads": 2, "head_dim": 16}
 
 
 @pytest.fixture(scope="module")

@@ -7,7 +7,6 @@ import copy
 
 import pytest
 import torch
-
 from dicepipe.model.decode import Decoder, DecodeSettings
 from dicepipe.model.layout import build_rows, make_train_batch
 from dicepipe.model.objective import BlockDiffusionLM
@@ -17,8 +16,8 @@ from dicepipe.model.tokenizer import IGNORE_INDEX, SFTExample
 
 pytestmark = pytest.mark.gpu
 
-SHAPE = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-             num_key_value_heads=2, head_dim=16)
+SHAPE = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
+             "num_key_value_heads": 2, "head_dim": 16}
 SETTINGS = BlockSettings(block_size=4, mask_token_id=96, pad_token_id=0, stop_token_ids=(1,))
 
 
@@ -88,7 +87,8 @@ def test_flex_training_loss_and_gradients_match_dense_sdpa():
     torch.testing.assert_close(results[0][1], results[1][1], rtol=1e-3, atol=1e-5)
 
 
-def test_compiled_bf16_sft_steps_run_and_learn(params, tmp_path):
+def test_compiled_bf16_sft_steps_run_and_learn(repo_root, tmp_path):
+    import yaml
     from dicepipe.config import sft_settings
     from dicepipe.model.loading import build_tiny
     from dicepipe.model.tokenizer import train_tiny_tokenizer
@@ -96,6 +96,7 @@ def test_compiled_bf16_sft_steps_run_and_learn(params, tmp_path):
     from dicepipe.train.parallel import init_distributed
     from dicepipe.train.sft import SFTPaths, run_sft, with_defaults
 
+    params = yaml.safe_load((repo_root / "params.yaml").read_text())  # no jsonschema on GPU hosts
     prompts = [f"kernel for op {i}: y = x * {i}" for i in range(6)]
     responses = [f"```cpp\ny[i] = x[i] * {i};\n```" for i in range(6)]
     tokenizer = train_tiny_tokenizer(prompts + responses, 2048)

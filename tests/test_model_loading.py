@@ -8,9 +8,14 @@ import time
 
 import pytest
 import torch
-
 from dicepipe.errors import ModelError
-from dicepipe.model.loading import build_tiny, load_model, load_saved, resolve_checkpoint, save_model
+from dicepipe.model.loading import (
+    build_tiny,
+    load_model,
+    load_saved,
+    resolve_checkpoint,
+    save_model,
+)
 from dicepipe.model.shapes import qwen3_config, random_qwen3
 from dicepipe.model.tokenizer import (
     IGNORE_INDEX,
@@ -21,9 +26,9 @@ from dicepipe.model.tokenizer import (
 )
 
 TEXTS = [f"def forward(self, x):\n    return torch.relu(x) * {i}\n" for i in range(40)]
-TINY_SPEC = dict(kind="tiny", hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                 num_attention_heads=4, num_key_value_heads=2, head_dim=8, vocab_size=400,
-                 max_position_embeddings=512, block_size=4, seed=0)
+TINY_SPEC = {"kind": "tiny", "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
+                 "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 8, "vocab_size": 400,
+                 "max_position_embeddings": 512, "block_size": 4, "seed": 0}
 
 
 @pytest.fixture(scope="module")
@@ -76,8 +81,8 @@ def _write_sdar_checkpoint(folder, model, tokenizer, mask_id):
 
 
 def test_sdar_checkpoint_loads_as_qwen3_with_same_logits(tokenizer, tmp_path):
-    shape = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-                 num_key_value_heads=2, head_dim=8)
+    shape = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+                 "num_key_value_heads": 2, "head_dim": 8}
     source = random_qwen3(qwen3_config(shape, vocab_size=400), seed=3)
     mask_id = tokenizer.mask_token_id
     _write_sdar_checkpoint(tmp_path / "sdar", source, tokenizer, mask_id)

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from dicepipe.model.layout import build_rows, make_train_batch, pack_examples, sample_noise
 from dicepipe.model.loss import linear_cross_entropy_sum
 from dicepipe.model.sampling import sample_tokens, select_transfers, transfer_schedule

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from dicepipe.model.masks import (
     block_causal_mask,
     block_diffusion_mask_mod,

@@ -9,15 +9,13 @@ from pathlib import Path
 
 import pyarrow as pa
 import pytest
-import torch
-
 from dicepipe.data.schema import SFT_SCHEMA, write_table
 from dicepipe.model.decode import Decoder, DecodeSettings
 from dicepipe.model.loading import build_tiny
 from dicepipe.model.tokenizer import chat_format, encode_prompts, encode_text, train_tiny_tokenizer
 from dicepipe.train.data import prepare_sft_data
 from dicepipe.train.parallel import init_distributed
-from dicepipe.train.sft import RunOptions, SFTPaths, run_sft, with_defaults
+from dicepipe.train.sft import SFTPaths, run_sft, with_defaults
 
 OPS = [("relu", "torch.relu(x)", "x[i] > 0 ? x[i] : 0"),
        ("sigmoid", "torch.sigmoid(x)", "1 / (1 + exp(-x[i]))"),
@@ -57,7 +55,7 @@ def test_tiny_sft_learns_and_greedy_decoding_reproduces_a_response(params, tmp_p
 
 
 def _write_split(path: Path) -> None:
-    rows = [dict(sample_id=f"s{i}", origin="corpus", level=1, prompt=p, response=r)
+    rows = [{"sample_id": f"s{i}", "origin": "corpus", "level": 1, "prompt": p, "response": r}
             for i, (p, r) in enumerate(zip(PROMPTS, RESPONSES))]
     write_table(pa.Table.from_pylist(rows, schema=SFT_SCHEMA), path, SFT_SCHEMA)
 

@@ -69,7 +69,7 @@ class _BlockPlan:
     num_blocks: int  # decode blocks
 
     @classmethod
-    def make(cls, prompts, block_size: int, max_new_tokens: int) -> "_BlockPlan":
+    def make(cls, prompts, block_size: int, max_new_tokens: int) -> _BlockPlan:
         lengths = [len(p) for p in prompts]
         prefix_blocks = max(n // block_size for n in lengths)
         tail = max(n % block_size for n in lengths)
@@ -108,12 +108,13 @@ class Decoder:
     """Decodes with one model; keeps its KV engine (and captured CUDA graphs) between calls."""
 
     def __init__(self, lm, settings: BlockSettings, *, cuda_graphs: bool | None = None,
-                 len_bucket: int = 128):
+                 len_bucket: int = 128, compile_layers: bool = False):
         self.lm = lm
         self.settings = settings
         self.device = next(lm.parameters()).device
         self.cuda_graphs = self.device.type == "cuda" if cuda_graphs is None else cuda_graphs
         self.len_bucket = len_bucket
+        self.compile_layers = compile_layers
         self.engine: KVCacheEngine | None = None
 
     def _engine(self, rows: int, length: int) -> KVCacheEngine:
@@ -123,7 +124,8 @@ class Decoder:
             if self.device.type == "cuda":
                 torch.cuda.empty_cache()
             self.engine = KVCacheEngine(self.lm, self.settings.block_size, rows, length,
-                                        cuda_graphs=self.cuda_graphs, len_bucket=self.len_bucket)
+                                        cuda_graphs=self.cuda_graphs, len_bucket=self.len_bucket,
+                                        compile_layers=self.compile_layers)
         self.engine.forwards = 0
         return self.engine
 

@@ -15,8 +15,8 @@ import math
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 
-from .attention import sdpa_gqa
 from .masks import block_causal_mask
 
 # Bound on (rows x grouped queries x keys) per prefill chunk: the boolean mask, and the
@@ -47,7 +47,7 @@ class _Graph:
 
 class KVCacheEngine:
     def __init__(self, lm, block_size: int, max_batch: int, max_len: int, *,
-                 cuda_graphs: bool = False, len_bucket: int = 128):
+                 cuda_graphs: bool = False, len_bucket: int = 128, compile_layers: bool = False):
         self.lm = lm
         self.inner = lm.model
         self.block_size = block_size
@@ -68,8 +68,16 @@ class KVCacheEngine:
         self.buckets = _batch_buckets(max_batch)
         self.graphs: dict[tuple, _Graph] = {}
         self.pool = torch.cuda.graph_pool_handle() if self.cuda_graphs else None
+        self.group = config.num_attention_heads // config.num_key_value_heads
         self.forwards = 0
         self.filled = 0  # columns written so far (for compaction)
+        # Optionally the per-token parts of a layer (norms, projections, RoPE, MLP) compiled
+        # for the short decode forwards, fusing their many small kernels; prefill stays eager.
+        self.compiled_max_query = 2 * block_size
+        self.compiled = None
+        if compile_layers:
+            self.compiled = (torch.compile(self._pre_attention, dynamic=False),
+                             torch.compile(self._post_attention, dynamic=False))
 
     def _rope_tables(self):
         positions = torch.arange(self.max_len, device=self.device)[None]
@@ -158,16 +166,40 @@ class KVCacheEngine:
         cols = torch.arange(q, device=self.device) + start
         positions = (cols[None, :] - pad[:, None]).clamp_(min=0)
         cos, sin = self.cos[positions][:, None], self.sin[positions][:, None]
-        mask = block_causal_mask(pad, start, q, key_len, self.block_size)
+        mask = self._folded_mask(block_causal_mask(pad, start, q, key_len, self.block_size))
+        pre, post = self._pre_attention, self._post_attention
+        if self.compiled is not None and q <= self.compiled_max_query:
+            pre, post = self.compiled
         hidden = self.inner.embed_tokens(tokens)
         for i, layer in enumerate(self.inner.layers):
-            hidden = self._layer(i, layer, hidden, cos, sin, mask, cols, rows, key_len)
+            query, key, value = pre(layer, hidden, cos, sin)
+            key_cache, value_cache = self.keys[i][rows], self.values[i][rows]
+            key_cache.index_copy_(2, cols, key)
+            value_cache.index_copy_(2, cols, value)
+            out = self._attend(query, key_cache[:, :, :key_len], value_cache[:, :, :key_len], mask,
+                               layer.self_attn.scaling)
+            hidden = post(layer, hidden, out)
         if not logits_last:
             return None
         hidden = self.inner.norm(hidden[:, -logits_last:])
         return self.lm.lm_head(hidden)
 
-    def _layer(self, i, layer, hidden, cos, sin, mask, cols, rows, key_len):
+    def _folded_mask(self, mask: torch.Tensor) -> torch.Tensor:
+        """(B, 1, q, k) bool -> additive (B, 1, group*q, k) for queries with the grouped heads
+        folded into their length; built once per forward, not per layer."""
+        batch, _, q, k = mask.shape
+        folded = mask[:, :, None].expand(batch, 1, self.group, q, k).reshape(batch, 1, self.group * q, k)
+        return torch.zeros(folded.shape, dtype=self.dtype, device=self.device).masked_fill_(~folded, float("-inf"))
+
+    def _attend(self, query, keys, values, mask, scale):
+        """Attention over the cache with the query heads of a group folded into the query
+        length: no copy of keys/values for grouped-query attention."""
+        batch, heads, q, dim = query.shape
+        folded = query.reshape(batch, keys.shape[1], self.group * q, dim)
+        out = F.scaled_dot_product_attention(folded, keys, values, attn_mask=mask, scale=scale)
+        return out.reshape(batch, heads, q, dim)
+
+    def _pre_attention(self, layer, hidden, cos, sin):
         attn = layer.self_attn
         x = layer.input_layernorm(hidden)
         shape = (*x.shape[:2], -1, self.head_dim)
@@ -176,10 +208,9 @@ class KVCacheEngine:
         value = attn.v_proj(x).view(shape).transpose(1, 2)
         query = query * cos + _rotate_half(query) * sin
         key = key * cos + _rotate_half(key) * sin
-        key_cache, value_cache = self.keys[i][rows], self.values[i][rows]
-        key_cache.index_copy_(2, cols, key.to(self.dtype))
-        value_cache.index_copy_(2, cols, value.to(self.dtype))
-        out = sdpa_gqa(query.to(self.dtype), key_cache[:, :, :key_len], value_cache[:, :, :key_len],
-                       mask, attn.scaling, fold=True)
-        hidden = hidden + attn.o_proj(out.transpose(1, 2).reshape(*x.shape[:2], -1))
+        return query.to(self.dtype), key.to(self.dtype), value.to(self.dtype)
+
+    def _post_attention(self, layer, hidden, attn_out):
+        batch, heads, q, dim = attn_out.shape
+        hidden = hidden + layer.self_attn.o_proj(attn_out.transpose(1, 2).reshape(batch, q, heads * dim))
         return hidden + layer.mlp(layer.post_attention_layernorm(hidden))

@@ -113,7 +113,7 @@ class TrainBatch:
     num_label_tokens: int  # trained tokens in the micro-batch (the loss denominator)
     num_tokens: int  # non-padding tokens in the micro-batch
 
-    def to(self, device) -> "TrainBatch":
+    def to(self, device) -> TrainBatch:
         moved = {k: (v.to(device, non_blocking=True) if torch.is_tensor(v) else v)
                  for k, v in self.__dict__.items()}
         return TrainBatch(**moved)

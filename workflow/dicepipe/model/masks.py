@@ -36,7 +36,7 @@ def block_diffusion_allowed(q_idx, kv_idx, q_doc, kv_doc, n: int, block_size: in
 
 def dense_block_diffusion_mask(doc_ids: torch.Tensor, block_size: int) -> torch.Tensor:
     """Boolean (batch, 1, 2n, 2n) mask, True = attend. `doc_ids` is (batch, n)."""
-    batch, n = doc_ids.shape
+    _batch, n = doc_ids.shape
     idx = torch.arange(2 * n, device=doc_ids.device)
     docs = torch.cat([doc_ids, doc_ids], dim=1)
     allowed = block_diffusion_allowed(

@@ -43,7 +43,7 @@ class BlockSettings:
         Path(folder, BLOCK_SETTINGS_FILE).write_text(self.to_json())
 
     @classmethod
-    def load(cls, folder: str | Path) -> "BlockSettings":
+    def load(cls, folder: str | Path) -> BlockSettings:
         path = Path(folder, BLOCK_SETTINGS_FILE)
         try:
             data = json.loads(path.read_text())

@@ -8,21 +8,21 @@ SDAR_MASK_ID = 151669
 
 SHAPES: dict[str, dict] = {
     # SDAR-1.7B: Qwen3-1.7B with an untied output layer (2.03 B parameters).
-    "1.7b": dict(hidden_size=2048, intermediate_size=6144, num_hidden_layers=28,
-                 num_attention_heads=16, num_key_value_heads=8, head_dim=128),
-    "4b": dict(hidden_size=2560, intermediate_size=9728, num_hidden_layers=36,
-               num_attention_heads=32, num_key_value_heads=8, head_dim=128),
-    "8b": dict(hidden_size=4096, intermediate_size=12288, num_hidden_layers=36,
-               num_attention_heads=32, num_key_value_heads=8, head_dim=128),
+    "1.7b": {"hidden_size": 2048, "intermediate_size": 6144, "num_hidden_layers": 28,
+                 "num_attention_heads": 16, "num_key_value_heads": 8, "head_dim": 128},
+    "4b": {"hidden_size": 2560, "intermediate_size": 9728, "num_hidden_layers": 36,
+               "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 128},
+    "8b": {"hidden_size": 4096, "intermediate_size": 12288, "num_hidden_layers": 36,
+               "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 128},
 }
 
 
 def qwen3_config(shape: dict, vocab_size: int = SDAR_VOCAB, **extra):
     from transformers import Qwen3Config
 
-    fields = dict(vocab_size=vocab_size, max_position_embeddings=32768, tie_word_embeddings=False,
-                  rope_parameters={"rope_type": "default", "rope_theta": 1000000.0},
-                  rms_norm_eps=1e-6, hidden_act="silu")
+    fields = {"vocab_size": vocab_size, "max_position_embeddings": 32768, "tie_word_embeddings": False,
+                  "rope_parameters": {"rope_type": "default", "rope_theta": 1000000.0},
+                  "rms_norm_eps": 1e-6, "hidden_act": "silu"}
     fields.update(shape)
     fields.update(extra)
     return Qwen3Config(**fields)

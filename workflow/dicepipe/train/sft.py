@@ -150,7 +150,7 @@ def _save_final(model, loaded, settings, paths, env, bf16) -> None:
     barrier(env)
 
 
-def _summary(steps_log: StepLog, plan: StepPlan, data: SFTData, timer: "_Timer", model) -> dict:
+def _summary(steps_log: StepLog, plan: StepPlan, data: SFTData, timer: _Timer, model) -> dict:
     losses = steps_log.losses()
     return {
         "steps": plan.total_steps,

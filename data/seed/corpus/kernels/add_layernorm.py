@@ -15,20 +15,6 @@ static void check_same_shape(const torch::Tensor& a, const torch::Tensor& b, con
     TORCH_CHECK(a.sizes() == b.sizes(), what, ": shapes differ: ", a.sizes(), " vs ", b.sizes());
 }
 
-// Eight partial sums: GCC vectorises this without -ffast-math, and it rounds less than a
-// single running sum.
-static inline float sum8(const float* x, int64_t n) {
-    float lanes[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
-    int64_t j = 0;
-    for (; j + 8 <= n; j += 8) {
-        for (int l = 0; l < 8; ++l) lanes[l] += x[j + l];
-    }
-    float total = 0.0f;
-    for (int l = 0; l < 8; ++l) total += lanes[l];
-    for (; j < n; ++j) total += x[j];
-    return total;
-}
-
 torch::Tensor add_layer_norm_forward(torch::Tensor x, torch::Tensor residual, torch::Tensor weight,
                                      torch::Tensor bias, double eps) {
     check_float_cpu(x, "add_layer_norm_forward: x");
@@ -54,10 +40,25 @@ torch::Tensor add_layer_norm_forward(torch::Tensor x, torch::Tensor residual, to
 #pragma omp parallel for schedule(static)
     for (int64_t r = 0; r < rows; ++r) {
         float* yr = dst + r * cols;
-        for (int64_t j = 0; j < cols; ++j) yr[j] = px[r * cols + j] + pr[r * cols + j];
-        const float mean = sum8(yr, cols) / cols;
+        const float* xr = px + r * cols;
+        const float* rr = pr + r * cols;
         float lanes[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
         int64_t j = 0;
+        for (; j + 8 <= cols; j += 8) {
+            for (int l = 0; l < 8; ++l) {
+                yr[j + l] = xr[j + l] + rr[j + l];
+                lanes[l] += yr[j + l];
+            }
+        }
+        float sum = 0.0f;
+        for (int l = 0; l < 8; ++l) sum += lanes[l];
+        for (; j < cols; ++j) {
+            yr[j] = xr[j] + rr[j];
+            sum += yr[j];
+        }
+        const float mean = sum / cols;
+        for (int l = 0; l < 8; ++l) lanes[l] = 0.0f;
+        j = 0;
         for (; j + 8 <= cols; j += 8) {
             for (int l = 0; l < 8; ++l) lanes[l] += (yr[j + l] - mean) * (yr[j + l] - mean);
         }

@@ -51,6 +51,14 @@ static void check_float_cpu(const torch::Tensor& t, const char* what) {
     TORCH_CHECK(t.scalar_type() == torch::kFloat32, what, " must be float32, got ", t.scalar_type());
 }
 
+// An OpenMP simd max-reduction vectorises; a plain float max loop does not without -ffast-math.
+static inline float row_max(const float* x, int64_t n) {
+    float m = x[0];
+#pragma omp simd reduction(max : m)
+    for (int64_t j = 1; j < n; ++j) m = std::max(m, x[j]);
+    return m;
+}
+
 // Dot product with eight partial sums, so that GCC vectorises it without -ffast-math.
 static inline float dot8(const float* a, const float* b, int64_t n) {
     float lanes[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
@@ -94,16 +102,12 @@ static void attend_row(const float* qkv, float* out, int64_t seq, int64_t embed,
     const int64_t stride = 3 * embed;
     const float* base = qkv + batch_idx * seq * stride + head * head_dim;
     const float* q = base + query * stride;
-    float row_max = -INFINITY;
-    for (int64_t j = 0; j < seq; ++j) {
-        probs[j] = dot8(q, base + j * stride + embed, head_dim) * scale;
-        row_max = std::max(row_max, probs[j]);
-    }
+    for (int64_t j = 0; j < seq; ++j) probs[j] = dot8(q, base + j * stride + embed, head_dim) * scale;
+    const float peak = row_max(probs.data(), seq);
+    for (int64_t j = 0; j < seq; ++j) probs[j] = fast_exp(probs[j] - peak);
     float total = 0.0f;
-    for (int64_t j = 0; j < seq; ++j) {
-        probs[j] = fast_exp(probs[j] - row_max);
-        total += probs[j];
-    }
+#pragma omp simd reduction(+ : total)
+    for (int64_t j = 0; j < seq; ++j) total += probs[j];
     std::fill(acc.begin(), acc.end(), 0.0f);
     for (int64_t j = 0; j < seq; ++j) {
         const float* v = base + j * stride + 2 * embed;

@@ -49,6 +49,14 @@ static void check_float_cpu(const torch::Tensor& t, const char* what) {
     TORCH_CHECK(t.scalar_type() == torch::kFloat32, what, " must be float32, got ", t.scalar_type());
 }
 
+// An OpenMP simd max-reduction vectorises; a plain float max loop does not without -ffast-math.
+static inline float row_max(const float* x, int64_t n) {
+    float m = x[0];
+#pragma omp simd reduction(max : m)
+    for (int64_t j = 1; j < n; ++j) m = std::max(m, x[j]);
+    return m;
+}
+
 torch::Tensor causal_softmax_forward(torch::Tensor scores, double scale) {
     check_float_cpu(scores, "causal_softmax_forward: scores");
     TORCH_CHECK(scores.dim() >= 2 && scores.size(-1) == scores.size(-2) && scores.size(-1) > 0,
@@ -66,13 +74,13 @@ torch::Tensor causal_softmax_forward(torch::Tensor scores, double scale) {
         const float* xr = src + r * seq;
         float* yr = dst + r * seq;
         const int64_t visible = r % seq + 1;
-        float row_max = xr[0] * s;
-        for (int64_t j = 1; j < visible; ++j) row_max = std::max(row_max, xr[j] * s);
+        // max(x) * s is the max of x * s only for s >= 0, so scale first.
+        for (int64_t j = 0; j < visible; ++j) yr[j] = xr[j] * s;
+        const float peak = row_max(yr, visible);
+        for (int64_t j = 0; j < visible; ++j) yr[j] = fast_exp(yr[j] - peak);
         float total = 0.0f;
-        for (int64_t j = 0; j < visible; ++j) {
-            yr[j] = fast_exp(xr[j] * s - row_max);
-            total += yr[j];
-        }
+#pragma omp simd reduction(+ : total)
+        for (int64_t j = 0; j < visible; ++j) total += yr[j];
         const float inv_total = 1.0f / total;
         for (int64_t j = 0; j < visible; ++j) yr[j] *= inv_total;
         for (int64_t j = visible; j < seq; ++j) yr[j] = 0.0f;

@@ -25,6 +25,18 @@ static inline float sum8(const float* x, int64_t n) {
     return total;
 }
 
+static inline float sum_sq_dev8(const float* x, float mean, int64_t n) {
+    float lanes[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
+    int64_t j = 0;
+    for (; j + 8 <= n; j += 8) {
+        for (int l = 0; l < 8; ++l) lanes[l] += (x[j + l] - mean) * (x[j + l] - mean);
+    }
+    float total = 0.0f;
+    for (int l = 0; l < 8; ++l) total += lanes[l];
+    for (; j < n; ++j) total += (x[j] - mean) * (x[j] - mean);
+    return total;
+}
+
 torch::Tensor layer_norm_forward(torch::Tensor x, torch::Tensor weight, torch::Tensor bias, double eps) {
     check_float_cpu(x, "layer_norm_forward: x");
     check_float_cpu(weight, "layer_norm_forward: weight");
@@ -47,8 +59,7 @@ torch::Tensor layer_norm_forward(torch::Tensor x, torch::Tensor weight, torch::T
         float* yr = dst + r * cols;
         const float mean = sum8(xr, cols) / cols;
         // Two passes (mean, then squared deviations) avoid the cancellation of E[x^2] - E[x]^2.
-        for (int64_t j = 0; j < cols; ++j) yr[j] = (xr[j] - mean) * (xr[j] - mean);
-        const float rstd = 1.0f / std::sqrt(sum8(yr, cols) / cols + static_cast<float>(eps));
+        const float rstd = 1.0f / std::sqrt(sum_sq_dev8(xr, mean, cols) / cols + static_cast<float>(eps));
         for (int64_t j = 0; j < cols; ++j) yr[j] = (xr[j] - mean) * rstd * wp[j] + bp[j];
     }
     return out;

@@ -4,6 +4,7 @@ from torch.utils.cpp_extension import load_inline
 
 cpp_source = r"""
 #include <torch/extension.h>
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 
@@ -62,6 +63,14 @@ static inline float sum8(const float* x, int64_t n) {
     return total;
 }
 
+// An OpenMP simd max-reduction vectorises; a plain float max loop does not without -ffast-math.
+static inline float row_max(const float* x, int64_t n) {
+    float m = x[0];
+#pragma omp simd reduction(max : m)
+    for (int64_t j = 1; j < n; ++j) m = std::max(m, x[j]);
+    return m;
+}
+
 torch::Tensor softmax_forward(torch::Tensor x) {
     check_float_cpu(x, "softmax_forward: x");
     TORCH_CHECK(x.dim() >= 1 && x.size(-1) > 0, "softmax_forward: x needs a non-empty last dim");
@@ -75,18 +84,10 @@ torch::Tensor softmax_forward(torch::Tensor x) {
     for (int64_t r = 0; r < rows; ++r) {
         const float* xr = src + r * cols;
         float* yr = dst + r * cols;
-        float lanes[8];
-        for (int l = 0; l < 8; ++l) lanes[l] = xr[0];
-        int64_t j = 0;
-        for (; j + 8 <= cols; j += 8) {
-            for (int l = 0; l < 8; ++l) lanes[l] = select_f(xr[j + l] > lanes[l], xr[j + l], lanes[l]);
-        }
-        float row_max = xr[0];
-        for (int l = 0; l < 8; ++l) row_max = lanes[l] > row_max ? lanes[l] : row_max;
-        for (; j < cols; ++j) row_max = xr[j] > row_max ? xr[j] : row_max;
-        for (j = 0; j < cols; ++j) yr[j] = fast_exp(xr[j] - row_max);
+        const float peak = row_max(xr, cols);
+        for (int64_t j = 0; j < cols; ++j) yr[j] = fast_exp(xr[j] - peak);
         const float inv_total = 1.0f / sum8(yr, cols);
-        for (j = 0; j < cols; ++j) yr[j] *= inv_total;
+        for (int64_t j = 0; j < cols; ++j) yr[j] *= inv_total;
     }
     return out;
 }

@@ -1,9 +1,9 @@
 import torch
 import torch.nn as nn
 
-BATCH = 8
-WIDTH = 64
-DEPTH = 12
+BATCH = 4
+WIDTH = 32
+DEPTH = 16
 
 
 class Model(nn.Module):

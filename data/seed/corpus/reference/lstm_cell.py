@@ -1,9 +1,9 @@
 import torch
 import torch.nn as nn
 
-BATCH = 32
-INPUT = 128
-HIDDEN = 128
+BATCH = 8
+INPUT = 64
+HIDDEN = 64
 
 
 class Model(nn.Module):

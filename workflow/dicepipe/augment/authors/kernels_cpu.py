@@ -11,6 +11,42 @@ per forward instead of a dozen dispatched operators.
 Runtime arguments (rows per task, thread count, GEMM fusion) are the variants that an
 attempt index selects; they do not change the source."""
 
+# Vectorisable float math: libm's expf/erff/tanhf are scalar calls that stop GCC from
+# vectorising a loop, while ATen's own elementwise kernels are SIMD. These are branch-free
+# polynomials (errors of 1e-7 to 2e-6, far inside the harness's tolerances), so loops built
+# from them vectorise under `#pragma omp simd` (with -fno-trapping-math, which lets GCC
+# if-convert the clamp; it changes no IEEE result).
+_FAST_MATH = r"""
+// e^x = 2^n * e^r with n = round(x / ln 2) and |r| <= ln(2) / 2; degree-6 Taylor for e^r.
+static inline float fast_exp(float x) {
+  x = std::min(std::max(x, -87.0f), 88.0f);
+  // adding 1.5 * 2^23 rounds to the nearest integer, which then sits in the low mantissa bits
+  const float shifted = x * 1.4426950408889634f + 12582912.0f;
+  const float n = shifted - 12582912.0f;
+  const int n_int = __builtin_bit_cast(int, shifted) - 0x4B400000;
+  const float r = x - n * 0.693145751953125f - n * 1.428606765330187e-06f;
+  const float p = 1.f + r * (1.f + r * (0.5f + r * (1.6666667e-1f + r * (4.1666668e-2f +
+                  r * (8.3333338e-3f + r * 1.3888889e-3f)))));
+  return p * __builtin_bit_cast(float, (n_int + 127) << 23);
+}
+
+// erf(x) = 1 - (1 + a1 x + ... + a6 x^6)^-16 for x >= 0 (Abramowitz-Stegun 7.1.28; in float
+// arithmetic the absolute error stays below 2e-6).
+static inline float fast_erf(float x) {
+  const float a = std::fabs(x);
+  float p = 1.f + a * (0.0705230784f + a * (0.0422820123f + a * (0.0092705272f +
+            a * (0.0001520143f + a * (0.0002765672f + a * 0.0000430638f)))));
+  p = p * p;
+  p = p * p;
+  p = p * p;
+  p = p * p;
+  const float e = 1.f - 1.f / p;
+  return x < 0.f ? -e : e;
+}
+
+static inline float fast_tanh(float x) { return 1.f - 2.f / (fast_exp(2.f * x) + 1.f); }
+"""
+
 ATTENTION = r'''
 #include <torch/extension.h>
 #include <omp.h>
@@ -19,7 +55,7 @@ ATTENTION = r'''
 #include <cmath>
 #include <limits>
 #include <vector>
-
+@FAST_MATH@
 namespace {
 
 // Token rows as the projections write them: [batch * seq, width]; a head is a slice of a row.
@@ -54,8 +90,9 @@ void attend_rows(const float* q, const float* k, const float* v, float* out, con
       row_max = std::max(row_max, scores[j]);
     }
     float total = 0.f;
+#pragma omp simd reduction(+ : total)
     for (int64_t j = 0; j < keys; ++j) {
-      scores[j] = std::exp(scores[j] - row_max);
+      scores[j] = fast_exp(scores[j] - row_max);
       total += scores[j];
     }
     const float inv_total = 1.0f / total;
@@ -134,14 +171,14 @@ GATED_MLP = r'''
 
 #include <algorithm>
 #include <cmath>
-
+@FAST_MATH@
 namespace {
 
-inline float silu(float x) { return x / (1.0f + std::exp(-x)); }
+inline float silu(float x) { return x / (1.0f + fast_exp(-x)); }
 
 inline float gelu_tanh(float x) {
   const float k = 0.7978845608028654f;  // sqrt(2 / pi)
-  return 0.5f * x * (1.0f + std::tanh(k * (x + 0.044715f * x * x * x)));
+  return 0.5f * x * (1.0f + fast_tanh(k * (x + 0.044715f * x * x * x)));
 }
 
 // out[r, c] = act(gate[r, c]) * up[r, c], rows strided so a stacked GEMM output works too.
@@ -156,6 +193,7 @@ void gate_rows(const float* gate, const float* up, float* out, int64_t rows, int
       const float* g = gate + r * in_stride;
       const float* u = up + r * in_stride;
       float* o = out + r * width;
+#pragma omp simd
       for (int64_t c = 0; c < width; ++c) o[c] = (Act == 0 ? silu(g[c]) : gelu_tanh(g[c])) * u[c];
     }
   }
@@ -207,10 +245,10 @@ PLAIN_MLP = r'''
 
 #include <algorithm>
 #include <cmath>
-
+@FAST_MATH@
 namespace {
 
-inline float gelu_erf(float x) { return 0.5f * x * (1.0f + std::erf(x * 0.7071067811865476f)); }
+inline float gelu_erf(float x) { return 0.5f * x * (1.0f + fast_erf(x * 0.7071067811865476f)); }
 
 }  // namespace
 
@@ -236,8 +274,10 @@ torch::Tensor plain_mlp(torch::Tensor x, torch::Tensor w_in, torch::Tensor b_in,
     for (int64_t r = t * chunk; r < end; ++r) {
       float* row = hp + r * width;
       if (bias_in_gemm) {
+#pragma omp simd
         for (int64_t c = 0; c < width; ++c) row[c] = gelu_erf(row[c]);
       } else {
+#pragma omp simd
         for (int64_t c = 0; c < width; ++c) row[c] = gelu_erf(row[c] + bp[c]);
       }
     }
@@ -292,8 +332,7 @@ torch::Tensor rmsnorm_linear(torch::Tensor x, torch::Tensor norm_weight, torch::
 '''
 
 SOURCES = {
-    "attention": ATTENTION,
-    "gated_mlp": GATED_MLP,
-    "plain_mlp": PLAIN_MLP,
-    "rmsnorm_proj": RMSNORM_PROJ,
+    name: source.replace("@FAST_MATH@", _FAST_MATH)
+    for name, source in (("attention", ATTENTION), ("gated_mlp", GATED_MLP),
+                         ("plain_mlp", PLAIN_MLP), ("rmsnorm_proj", RMSNORM_PROJ))
 }

@@ -34,17 +34,19 @@ __device__ __forceinline__ float warp_sum(float v) {
 }
 
 // One (batch, head) and kWarps * Rows query rows per block. K/V tiles live in shared memory,
-// rows padded by one float so lanes reading different keys use different banks. Each lane
-// scores one key of the tile for each of its warp's Rows queries; the softmax is online
-// (running max and sum per row), so no score matrix is ever written. Output lanes own
-// head_dim / 32 columns each (Chunks).
+// rows padded by four floats so that the lanes' 16-byte reads of different keys spread over
+// the banks. Each lane scores one key of the tile for each of its warp's Rows queries; the
+// softmax is online (running max and sum per row), so no score matrix is ever written.
+// Output lanes own head_dim / 32 columns each (Chunks). head_dim is a multiple of 4.
 template <int Rows, int Chunks>
 __global__ void attention_kernel(const float* __restrict__ q, const float* __restrict__ k,
                                  const float* __restrict__ v, float* __restrict__ out, int seq,
                                  int heads, int group, int head_dim, long q_stride,
                                  long kv_stride, float scale, bool causal) {
-  extern __shared__ float smem[];
-  const int pitch = head_dim + 1;
+  extern __shared__ float4 smem4[];
+  float* smem = reinterpret_cast<float*>(smem4);
+  const int pitch = head_dim + 4;
+  const int quads = head_dim / 4;
   float* k_tile = smem;
   float* v_tile = k_tile + kKeys * pitch;
   float* q_tile = v_tile + kKeys * pitch;
@@ -58,10 +60,18 @@ __global__ void attention_kernel(const float* __restrict__ q, const float* __res
   const float* k_base = k + (long)b * seq * kv_stride + (long)(h / group) * head_dim;
   const float* v_base = v + (long)b * seq * kv_stride + (long)(h / group) * head_dim;
 
-  for (int idx = threadIdx.x; idx < kWarps * Rows * head_dim; idx += blockDim.x) {
-    const int r = idx / head_dim, d = idx - r * head_dim;
+  for (int idx = threadIdx.x; idx < kWarps * Rows * quads; idx += blockDim.x) {
+    const int r = idx / quads, d = (idx - r * quads) * 4;
     const int row = block_row0 + r;
-    q_tile[idx] = row < seq ? q_base[(long)row * q_stride + d] * scale : 0.f;
+    float4 value = make_float4(0.f, 0.f, 0.f, 0.f);
+    if (row < seq) {
+      value = *reinterpret_cast<const float4*>(q_base + (long)row * q_stride + d);
+      value.x *= scale;
+      value.y *= scale;
+      value.z *= scale;
+      value.w *= scale;
+    }
+    *reinterpret_cast<float4*>(q_tile + r * head_dim + d) = value;
   }
 
   float m[Rows], l[Rows], acc[Rows][Chunks];
@@ -77,12 +87,16 @@ __global__ void attention_kernel(const float* __restrict__ q, const float* __res
   const int key_end = causal ? block_last + 1 : seq;
   for (int t0 = 0; t0 < key_end; t0 += kKeys) {
     __syncthreads();  // the previous tile is consumed (and the queries are staged)
-    for (int idx = threadIdx.x; idx < kKeys * head_dim; idx += blockDim.x) {
-      const int j = idx / head_dim, d = idx - j * head_dim;
+    for (int idx = threadIdx.x; idx < kKeys * quads; idx += blockDim.x) {
+      const int j = idx / quads, d = (idx - j * quads) * 4;
       const int key = t0 + j;
-      const bool inside = key < seq;
-      k_tile[j * pitch + d] = inside ? k_base[(long)key * kv_stride + d] : 0.f;
-      v_tile[j * pitch + d] = inside ? v_base[(long)key * kv_stride + d] : 0.f;
+      float4 kq = make_float4(0.f, 0.f, 0.f, 0.f), vq = kq;
+      if (key < seq) {
+        kq = *reinterpret_cast<const float4*>(k_base + (long)key * kv_stride + d);
+        vq = *reinterpret_cast<const float4*>(v_base + (long)key * kv_stride + d);
+      }
+      *reinterpret_cast<float4*>(k_tile + j * pitch + d) = kq;
+      *reinterpret_cast<float4*>(v_tile + j * pitch + d) = vq;
     }
     __syncthreads();
     if (row0 >= seq || (causal && t0 > row0 + Rows - 1)) continue;  // nothing this warp sees
@@ -90,12 +104,18 @@ __global__ void attention_kernel(const float* __restrict__ q, const float* __res
     float s[Rows];
 #pragma unroll
     for (int r = 0; r < Rows; ++r) s[r] = 0.f;
-    const float* k_row = k_tile + lane * pitch;
-    const float* q_rows = q_tile + warp * Rows * head_dim;
-    for (int d = 0; d < head_dim; ++d) {
-      const float kd = k_row[d];
+    const float4* k_row = reinterpret_cast<const float4*>(k_tile + lane * pitch);
+    const float4* q_rows = reinterpret_cast<const float4*>(q_tile + warp * Rows * head_dim);
+    for (int d4 = 0; d4 < quads; ++d4) {
+      const float4 kq = k_row[d4];
 #pragma unroll
-      for (int r = 0; r < Rows; ++r) s[r] = fmaf(q_rows[r * head_dim + d], kd, s[r]);
+      for (int r = 0; r < Rows; ++r) {
+        const float4 qq = q_rows[r * quads + d4];  // the same address in every lane: a broadcast
+        s[r] = fmaf(qq.x, kq.x, s[r]);
+        s[r] = fmaf(qq.y, kq.y, s[r]);
+        s[r] = fmaf(qq.z, kq.z, s[r]);
+        s[r] = fmaf(qq.w, kq.w, s[r]);
+      }
     }
     const int key = t0 + lane;
     float* p_rows = p_tile + warp * Rows * kKeys;
@@ -152,7 +172,7 @@ struct Problem {
 
 template <int Rows, int Chunks>
 void launch(const Problem& p) {
-  const size_t floats = 2 * kKeys * (p.head_dim + 1) + kWarps * Rows * (p.head_dim + kKeys);
+  const size_t floats = 2 * kKeys * (p.head_dim + 4) + kWarps * Rows * (p.head_dim + kKeys);
   const size_t bytes = floats * sizeof(float);
   auto kernel = attention_kernel<Rows, Chunks>;
   C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
@@ -185,7 +205,8 @@ torch::Tensor attention_block(torch::Tensor x, torch::Tensor wq, torch::Tensor w
   TORCH_CHECK(heads > 0 && kv_heads > 0 && heads % kv_heads == 0, "bad head counts");
   const int64_t batch = x.size(0), seq = x.size(1), hidden = x.size(2);
   const int64_t head_dim = wq.size(0) / heads;
-  TORCH_CHECK(head_dim <= 256, "head_dim above 256 is not supported");
+  TORCH_CHECK(head_dim <= 256 && head_dim % 4 == 0,
+              "head_dim must be a multiple of 4 and at most 256");
   TORCH_CHECK(wk.size(0) == kv_heads * head_dim && wv.size(0) == kv_heads * head_dim,
               "k/v projection widths do not match kv_heads * head_dim");
   const c10::cuda::OptionalCUDAGuard guard(x.device());

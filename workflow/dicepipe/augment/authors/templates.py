@@ -146,7 +146,7 @@ def _load_inline(kernel: str, backend: str, function: str) -> str:
         )
     return (
         f'{kernel}_ext = load_inline(\n    name="{name}",\n    cpp_sources={kernel}_source,\n'
-        f'    functions=["{function}"],\n    extra_cflags=["-O3", "-fopenmp"],\n'
+        f'    functions=["{function}"],\n    extra_cflags=["-O3", "-fno-trapping-math", "-fopenmp"],\n'
         f'    extra_ldflags=["-fopenmp"],\n    verbose=False,\n)\n'
     )
 
