@@ -89,15 +89,28 @@ def p95(values: list[float]) -> float:
     return ordered[min(len(ordered) - 1, int(round(0.95 * (len(ordered) - 1))))]
 
 
+def evaluate_chunked(jobs: list, settings: HarnessSettings, args) -> list[dict]:
+    """Evaluate in chunks until the time budget is spent (a capped run still reports)."""
+    start = time.monotonic()
+    rows: list[dict] = []
+    for i in range(0, len(jobs), args.chunk):
+        if rows and time.monotonic() - start > args.budget_s:
+            break
+        rows += evaluate(jobs[i:i + args.chunk], settings, progress=args.progress).to_pylist()
+    return rows
+
+
 def run_synthetic(args, base: HarnessSettings) -> dict:
     numel = args.numel
     same_ref, same_cand = passes_pair(20, 20, numel)
     fast_ref, fast_cand = passes_pair(20, 19, numel)
-    jobs = [Job(f"unchanged_{i:04d}", same_ref, same_cand, args.backend) for i in range(args.jobs)]
-    jobs += [Job(f"faster_{i:04d}", fast_ref, fast_cand, args.backend) for i in range(args.jobs)]
+    jobs = []
+    for i in range(args.jobs):  # interleaved, so a capped run has both kinds
+        jobs.append(Job(f"unchanged_{i:04d}", same_ref, same_cand, args.backend))
+        jobs.append(Job(f"faster_{i:04d}", fast_ref, fast_cand, args.backend))
     settings = dataclasses.replace(base, kernelbench_timing=True, repeats=1)
     start = time.monotonic()
-    rows = evaluate(jobs, settings, progress=args.progress).to_pylist()
+    rows = evaluate_chunked(jobs, settings, args)
     unchanged = [r for r in rows if r["job_id"].startswith("unchanged") and r["correct"]]
     faster = [r for r in rows if r["job_id"].startswith("faster") and r["correct"]]
     return {
@@ -105,6 +118,7 @@ def run_synthetic(args, base: HarnessSettings) -> dict:
         "jobs_each": args.jobs,
         "unchanged_measured": len(unchanged),
         "unchanged_judged_faster_rate": rate([r["speedup_low"] > 1.0 for r in unchanged]),
+        "unchanged_judged_slower_rate": rate([r["speedup_high"] < 1.0 for r in unchanged]),
         "unchanged_kernelbench_faster_rate": rate([r["kb_speedup"] > 1.0 for r in unchanged]),
         "unchanged_p95_abs_dev": p95([abs(r["speedup_median"] - 1) for r in unchanged]),
         "unchanged_kernelbench_p95_abs_dev": p95([abs(r["kb_speedup"] - 1) for r in unchanged]),
@@ -114,6 +128,7 @@ def run_synthetic(args, base: HarnessSettings) -> dict:
         "faster_judged_faster_rate": rate([r["speedup_low"] > 1.0 for r in faster]),
         "faster_median_speedup": statistics.median(r["speedup_median"] for r in faster)
         if faster else None,
+        "faster_kernelbench_faster_rate": rate([r["kb_speedup"] > 1.0 for r in faster]),
         "seconds": round(time.monotonic() - start, 1),
     }
 
@@ -123,12 +138,13 @@ def run_suite(args, base: HarnessSettings) -> dict:
     jobs = [Job(name, code, unchanged_candidate(code), args.backend) for name, code in refs]
     settings = dataclasses.replace(base, repeats=args.repeats, decision_thresholds=(1.0,))
     start = time.monotonic()
-    rows = evaluate(jobs, settings, progress=args.progress).to_pylist()
+    rows = evaluate_chunked(jobs, settings, args)
     timed = [r for r in rows if r["correct"] and r["speedup_median"] is not None]
     first = [abs(r["speedup_repeats"][0] - 1) for r in timed]
     pooled = [abs(r["speedup_median"] - 1) for r in timed]
     return {
         "problems": len(refs),
+        "evaluated": len(rows),
         "timed": len(timed),
         "not_timed": {r["job_id"]: (r["error"] or "")[-200:] for r in rows if r not in timed},
         "repeats": args.repeats,
@@ -139,6 +155,8 @@ def run_suite(args, base: HarnessSettings) -> dict:
         "judged_faster_rate_first_repeat": rate([r["speedup_low_repeats"][0] > 1.0
                                                  for r in timed]),
         "launch_bound": sum(r["launch_bound"] for r in timed),
+        "p95_abs_dev_not_launch_bound": p95([abs(r["speedup_median"] - 1) for r in timed
+                                             if not r["launch_bound"]]),
         "per_problem": {r["job_id"]: [round(s, 5) for s in r["speedup_repeats"]] for r in timed},
         "seconds": round(time.monotonic() - start, 1),
     }
@@ -158,6 +176,9 @@ def main() -> None:
     parser.add_argument("--cache-dir", default=".cache/dicepipe/builds")
     parser.add_argument("--skip-synthetic", action="store_true")
     parser.add_argument("--progress", action="store_true")
+    parser.add_argument("--chunk", type=int, default=20, help="jobs per evaluate call")
+    parser.add_argument("--budget-s", type=float, default=1e9,
+                        help="start no new chunk after this many seconds (per part)")
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
@@ -173,6 +194,7 @@ def main() -> None:
     if not args.skip_synthetic and args.jobs > 0:
         report["synthetic"] = run_synthetic(args, base)
         print(json.dumps(report["synthetic"], indent=1), flush=True)
+        Path(args.out).write_text(json.dumps(report, indent=1))
     if args.suite or args.kernelbench:
         report["suite"] = run_suite(args, base)
         summary = {k: v for k, v in report["suite"].items() if k != "per_problem"}

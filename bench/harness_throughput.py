@@ -206,11 +206,13 @@ try:
                     fn(*inputs)
                 for _ in range(100):
                     if device == "cuda":
-                        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                        s = torch.cuda.Event(enable_timing=True)
+                        e = torch.cuda.Event(enable_timing=True)
                         s.record(); fn(*inputs); e.record(); torch.cuda.synchronize()
                         times.append(s.elapsed_time(e))
                     else:
-                        t0 = time.perf_counter(); fn(*inputs); times.append((time.perf_counter() - t0) * 1e3)
+                        t0 = time.perf_counter(); fn(*inputs)
+                        times.append((time.perf_counter() - t0) * 1e3)
             out["speedup"] = (sum(times[:100]) / 100) / (sum(times[100:]) / 100)
 except Exception as exc:
     out["error"] = repr(exc)[-300:]
@@ -244,11 +246,28 @@ def run_sequential(args, pairs: list[dict]) -> dict:
             "kernels_per_min": round(len(chosen) / wall * 60, 3), "verdicts": verdicts}
 
 
+def combine(ours: dict | None, seq: dict | None, pairs: list[dict]) -> dict:
+    """Throughput ratio and verdict agreement from the two halves (run apart or together)."""
+    report: dict = {"ours": ours, "sequential": seq}
+    if ours and seq:
+        report["ratio"] = round(ours["kernels_per_min"] / seq["kernels_per_min"], 2)
+        shared = [k for k in seq["verdicts"] if k in ours["verdicts"]]
+        report["verdicts_compared"] = len(shared)
+        report["verdicts_identical"] = all(seq["verdicts"][k] == ours["verdicts"][k]
+                                           for k in shared)
+    if ours:
+        intended = {p["job_id"]: p["intended_correct"] for p in pairs}
+        matching = sum(v == intended[k] for k, v in ours["verdicts"].items())
+        report["ours_match_intent"] = f"{matching}/{len(ours['verdicts'])}"
+    return report
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--backend", choices=["cpu", "cuda"], default="cuda")
     parser.add_argument("--n", type=int, default=100)
-    parser.add_argument("--sequential", type=int, default=2)
+    parser.add_argument("--sequential", type=int, default=2, help="0: skip the sequential loop")
+    parser.add_argument("--skip-ours", action="store_true", help="only the sequential loop")
     parser.add_argument("--build-workers", type=int, default=0)
     parser.add_argument("--cap-s", type=float, default=600.0)
     parser.add_argument("--out", default=None)
@@ -259,24 +278,19 @@ def main() -> None:
         return
     pairs = make_pairs(args.n, args.backend)
     workdir = Path(tempfile.mkdtemp(prefix="harness_throughput_"))
+    ours = seq = None
     try:
-        ours = run_ours(args, pairs, workdir)
-        print(json.dumps({k: v for k, v in ours.items() if k not in ("verdicts", "progress")}),
-              flush=True)
-        seq = run_sequential(args, pairs) if args.sequential > 0 else None
+        if not args.skip_ours:
+            ours = run_ours(args, pairs, workdir)
+            print(json.dumps({k: v for k, v in ours.items() if k not in ("verdicts", "progress")}),
+                  flush=True)
+        if args.sequential > 0:
+            seq = run_sequential(args, pairs)
+            print(json.dumps(seq), flush=True)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
     report = {"backend": args.backend, "machine": platform.node(), "cores": os.cpu_count(),
-              "command": " ".join(sys.argv), "n": args.n, "ours": ours, "sequential": seq}
-    if seq:
-        report["ratio"] = round(ours["kernels_per_min"] / seq["kernels_per_min"], 2)
-        shared = [k for k in seq["verdicts"] if k in ours["verdicts"]]
-        report["verdicts_compared"] = len(shared)
-        report["verdicts_identical"] = all(seq["verdicts"][k] == ours["verdicts"][k]
-                                           for k in shared)
-        intended = {p["job_id"]: p["intended_correct"] for p in pairs}
-        report["ours_match_intent"] = sum(ours["verdicts"][k] == intended[k]
-                                          for k in ours["verdicts"])
+              "command": " ".join(sys.argv), "n": args.n, **combine(ours, seq, pairs)}
     print(json.dumps({k: v for k, v in report.items() if k not in ("ours", "sequential")}),
           flush=True)
     if args.out:

@@ -3,8 +3,8 @@
 graphs; optionally the per-token layer parts torch.compile'd), against
 the straightforward loop (no CUDA graphs, separate KV-write forward per block) and the
 autoregressive loop of the same engine. Stop tokens are off so every row writes all its
-tokens: tokens/s = rows x new tokens / wall time of generate() (prefill included, graph
-capture excluded by a warm-up call on the same shapes).
+tokens: tokens/s = rows x new tokens / wall time of generate() (prefill included; graph
+capture and compilation excluded by Decoder.warm_up on the same shapes).
 
     PYTHONPATH=workflow python bench/model_decode.py --out /tmp/decode.json
 """
@@ -44,6 +44,9 @@ CASES = [
     _case("diffusion", "4b", 128),
     _case("diffusion_compiled", "4b", 128, compiled=True),
     _case("autoregressive", "4b", 128, mode="ar"),
+    _case("diffusion_compiled", "1.7b", 1, compiled=True),
+    _case("autoregressive_compiled", "1.7b", 64, mode="ar", compiled=True),
+    _case("autoregressive_compiled", "4b", 128, mode="ar", compiled=True),
 ]
 
 
@@ -65,8 +68,8 @@ def run_case(models: dict, case: dict, prompt_len: int) -> dict:
                          fuse_commit=case["fused"])
     prompts = prompts_for(batch, prompt_len, seed=batch)
     t0 = time.perf_counter()
-    warm_cfg = cfg if graphs else replace(cfg, max_new_tokens=8)
-    decoder.generate(prompts, warm_cfg)  # captures the graphs for these shapes
+    decoder.generate(prompts[:1] * batch, replace(cfg, max_new_tokens=8))  # kernels, allocator
+    decoder.warm_up(prompts, cfg)  # captures (and compiles) every shape generate() will use
     torch.cuda.synchronize()
     warm_s = time.perf_counter() - t0
     t0 = time.perf_counter()
@@ -89,9 +92,9 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", required=True)
     parser.add_argument("--prompt-len", type=int, default=512)
-    parser.add_argument("--only", nargs="*", default=None, help="case indices to run")
+    parser.add_argument("--only", nargs="*", default=None, help="case indices to run, in this order")
     args = parser.parse_args()
-    cases = [c for i, c in enumerate(CASES) if args.only is None or str(i) in args.only]
+    cases = CASES if args.only is None else [CASES[int(i)] for i in args.only]  # in the order given
     results = {"prompt_len": args.prompt_len, "runs": []}
     models: dict = {}
     for case in cases:

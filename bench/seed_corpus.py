@@ -6,7 +6,8 @@ torch.allclose at atol=rtol=1e-4), then time both on one input set: warm-up call
 interleaved calls of each, median wall time per call.
 
     TORCH_EXTENSIONS_DIR=.cache/dicepipe/seed-check .venv/bin/python bench/seed_corpus.py \
-        [--names relu swiglu ...] [--seeds 3] [--calls 30] [--threads N [--cpu-time]] [--json out.json]
+        [--names relu swiglu ...] [--seeds 3] [--calls 30] [--rounds R] [--threads N [--cpu-time]] \
+        [--json out.json]
 """
 
 from __future__ import annotations
@@ -85,18 +86,14 @@ def time_pair(ref_ns: dict, new_ns: dict, calls: int, clock, warmup: int = 5) ->
     return statistics.median(ref_ms), statistics.median(new_ms)
 
 
-def run_pair(name: str, seeds: int, calls: int, clock=time.perf_counter) -> dict:
+def load_and_check(name: str, seeds: int) -> tuple[dict, dict, dict]:
     ref_ns = load_namespace(CORPUS / "reference" / f"{name}.py")
     start = time.perf_counter()
     new_ns = load_namespace(CORPUS / "kernels" / f"{name}.py")
     build_s = time.perf_counter() - start
     with torch.inference_mode():
         max_abs_error = check_pair(ref_ns, new_ns, seeds)
-        ref_ms, new_ms = time_pair(ref_ns, new_ns, calls, clock)
-    # Other processes on a 2-core machine distort timings badly; keep the load next to them.
-    return {"name": name, "build_s": round(build_s, 1), "max_abs_error": max_abs_error,
-            "ref_ms": ref_ms, "new_ms": new_ms, "speedup": ref_ms / new_ms,
-            "load_1min": os.getloadavg()[0]}
+    return ref_ns, new_ns, {"name": name, "build_s": round(build_s, 1), "max_abs_error": max_abs_error}
 
 
 def main() -> None:
@@ -104,6 +101,9 @@ def main() -> None:
     parser.add_argument("--names", nargs="*", help="pair names (default: all)")
     parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--calls", type=int, default=30)
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="time every pair this many times, one pair after another, and keep "
+                        "the median of the per-round medians (spreads each pair over time)")
     parser.add_argument("--threads", type=int, help="torch.set_num_threads (also OpenMP in the kernels)")
     parser.add_argument("--cpu-time", action="store_true",
                         help="time with the calling thread's CPU clock (needs --threads 1): "
@@ -116,16 +116,30 @@ def main() -> None:
         torch.set_num_threads(args.threads)
     clock = time.thread_time if args.cpu_time else time.perf_counter
     names = args.names or sorted(p.stem for p in (CORPUS / "reference").glob("*.py"))
-    rows = []
+    rows, loaded = {}, {}
     for name in names:
         try:
-            row = run_pair(name, args.seeds, args.calls, clock)
+            ref_ns, new_ns, rows[name] = load_and_check(name, args.seeds)
+            loaded[name] = (ref_ns, new_ns)
         except Exception as exc:  # report every pair, even after one fails
-            row = {"name": name, "error": f"{type(exc).__name__}: {exc}"[:300]}
-        rows.append(row)
-        print(json.dumps(row), flush=True)
+            rows[name] = {"name": name, "error": f"{type(exc).__name__}: {exc}"[:300]}
+    timings = {name: ([], []) for name in loaded}
+    loads = []
+    for _ in range(args.rounds):
+        # Other processes on a 2-core machine distort timings badly; keep the load next to them.
+        loads.append(os.getloadavg()[0])
+        for name, (ref_ns, new_ns) in loaded.items():
+            with torch.inference_mode():
+                ref_ms, new_ms = time_pair(ref_ns, new_ns, args.calls, clock)
+            timings[name][0].append(ref_ms)
+            timings[name][1].append(new_ms)
+    for name, (ref_rounds, new_rounds) in timings.items():
+        ref_ms, new_ms = statistics.median(ref_rounds), statistics.median(new_rounds)
+        rows[name].update(ref_ms=ref_ms, new_ms=new_ms, speedup=ref_ms / new_ms, load_1min=max(loads))
+    for name in names:
+        print(json.dumps(rows[name]), flush=True)
     if args.json:
-        args.json.write_text(json.dumps(rows, indent=1) + "\n")
+        args.json.write_text(json.dumps([rows[n] for n in names], indent=1) + "\n")
 
 
 if __name__ == "__main__":

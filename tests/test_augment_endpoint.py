@@ -14,7 +14,6 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pyarrow.parquet as pq
 import pytest
-
 from dicepipe.augment import generate_tasks
 from dicepipe.augment.authors.endpoint import EndpointAuthor, parse_completion
 
@@ -28,7 +27,7 @@ def _completion(content: str) -> bytes:
 
 
 class _Handler(BaseHTTPRequestHandler):
-    def do_POST(self):  # noqa: N802 - http.server's name
+    def do_POST(self):
         length = int(self.headers.get("Content-Length", 0))
         body = json.loads(self.rfile.read(length))
         self.server.requests.append({"path": self.path, "body": body,
@@ -135,6 +134,27 @@ def test_server_down_is_unreachable(params):
     assert draft.failure == "author_unreachable" and draft.transient
 
 
+def test_a_server_that_does_not_speak_http_is_a_bad_response(params):
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(1)
+
+    def answer_garbage():
+        conn, _ = listener.accept()
+        conn.recv(65536)
+        conn.sendall(b"\x00\x01 not http at all\r\n\r\n")
+        conn.close()
+
+    thread = threading.Thread(target=answer_garbage, daemon=True)
+    thread.start()
+    url = f"http://127.0.0.1:{listener.getsockname()[1]}/v1"
+    settings = _settings(params, url, timeout_s=5.0)
+    draft = EndpointAuthor(settings["endpoint"], "cpu").write(_task(settings), 0)
+    thread.join(5)
+    listener.close()
+    assert draft.code is None and draft.failure == "author_bad_response"
+
+
 def test_parse_completion_takes_the_first_fenced_block():
     raw = _completion("a\n```python\nfirst = 1\n```\nb\n```python\nsecond = 2\n```")
     assert parse_completion(raw).code == "first = 1\n"
@@ -178,10 +198,11 @@ def test_stage_verifies_answers_and_resumes_without_asking_again(params, server,
     out, work = tmp_path / "out", tmp_path / "work"
     rows, report = _run_stage(params, settings, out, work)
     assert [r["reason"] for r in rows] == ["build_failed"] * 4
+    assert report["tasks_without_sample_by_reason"] == {"build_failed": 2}
     assert all(r["job_id"] and r["author"] == "endpoint" for r in rows)
     assert len(httpd.requests) == 4
     first = (out / "attempts.parquet").read_bytes()
-    rows_again, _ = _run_stage(params, settings, out, work)
+    rows_again, _report = _run_stage(params, settings, out, work)
     assert len(httpd.requests) == 4  # drafts came from the journal, verdicts from the harness file
     assert rows_again == rows
     assert (out / "attempts.parquet").read_bytes() == first

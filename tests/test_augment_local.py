@@ -6,7 +6,6 @@ from __future__ import annotations
 import copy
 
 import pytest
-
 from dicepipe.augment import generate_tasks
 from dicepipe.augment.authors import make_author
 from dicepipe.errors import ModelError

@@ -3,8 +3,13 @@
 from __future__ import annotations
 
 import pyarrow as pa
-
-from dicepipe.augment.records import ATTEMPT_SCHEMA, attempt_row, build_report, classify, task_reason
+from dicepipe.augment.records import (
+    ATTEMPT_SCHEMA,
+    attempt_row,
+    build_report,
+    classify,
+    task_reason,
+)
 from dicepipe.augment.shapes import BlockShape
 from dicepipe.augment.tasks import Task
 

@@ -8,7 +8,6 @@ import json
 import types
 
 import pytest
-
 from dicepipe.augment import FAMILIES, generate_tasks
 from dicepipe.augment.authors import make_author
 from dicepipe.augment.authors.templates import SPECS, TemplateAuthor, candidate_file

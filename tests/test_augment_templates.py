@@ -6,7 +6,6 @@ from __future__ import annotations
 import copy
 
 import pytest
-
 from dicepipe.augment import generate_tasks
 from dicepipe.augment.authors.templates import TemplateAuthor
 from dicepipe.augment.loop import job_id
@@ -37,7 +36,7 @@ def test_cpu_templates_build_and_are_correct(params, build_cache_dir, tmp_path):
     harness = HarnessSettings.from_params(params["harness"], cache_dir=build_cache_dir)
     table = evaluate(jobs, harness, results_path=tmp_path / "results.parquet", progress=False)
     rows = table.to_pylist()
-    assert len(rows) == len(jobs) == 8
+    assert len(rows) == len(jobs) == 9
     for row in rows:
         assert row["compiled"], (row["job_id"], row["error"], row["compile_log_tail"])
         assert row["correct"] and row["correct_robust"], (row["job_id"], row["error"],
@@ -46,3 +45,22 @@ def test_cpu_templates_build_and_are_correct(params, build_cache_dir, tmp_path):
         assert row["speedup_median"] is not None and row["speedup_median"] > 0
     # the gated source serves both gated families: two kernels, so at most two builds
     assert sum(row["builds_total"] - row["builds_cached"] for row in rows) <= 2
+
+
+@pytest.mark.gpu
+@pytest.mark.slow
+def test_cuda_templates_build_and_are_correct(params, build_cache_dir, tmp_path):
+    settings = copy.deepcopy(params["augment"])
+    settings["families"] = ["gqa_causal", "rmsnorm_proj"]
+    settings["max_tasks"] = {"cuda": 2}
+    author = TemplateAuthor()
+    jobs = []
+    for task in generate_tasks(settings, "cuda"):
+        code = author.write(task, 0).code
+        jobs.append(Job(job_id(task, 0, code), extract.normalise_code(task.reference_code), code,
+                        "cuda"))
+    harness = HarnessSettings.from_params(params["harness"], cache_dir=build_cache_dir)
+    rows = evaluate(jobs, harness, results_path=tmp_path / "results.parquet",
+                    progress=False).to_pylist()
+    for row in rows:
+        assert row["compiled"] and row["correct_robust"], (row["job_id"], row["error"])

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-
 from dicepipe.errors import HarnessError
 from dicepipe.harness import evaluate
 from dicepipe.harness.buildspec import normalize_spec, read_status, spec_key

@@ -7,10 +7,17 @@ whole file costs one build and one batch.
 from __future__ import annotations
 
 import pytest
-
 from dicepipe.harness import DYNAMIC_FLAGS, evaluate
-from test_harness_helpers import (HONEST_RELU, IDENTITY_REF, RELU_REF, TINY_REF, by_id,
-                                  extension_candidate, job, settings)
+from test_harness_helpers import (
+    HONEST_RELU,
+    IDENTITY_REF,
+    RELU_REF,
+    TINY_REF,
+    by_id,
+    extension_candidate,
+    job,
+    settings,
+)
 
 CASES = {
     # name: (reference, candidate, the flag it must raise or None)

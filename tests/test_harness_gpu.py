@@ -8,7 +8,6 @@ through a null pointer, to corrupt the CUDA context on purpose.
 from __future__ import annotations
 
 import pytest
-
 from dicepipe.harness import evaluate
 from test_harness_helpers import RELU_REF, by_id, job, settings
 
@@ -62,7 +61,8 @@ class ModelNew(nn.Module):
         return kit.{call}(x)
 '''
 
-BIG_RELU_REF = RELU_REF.replace("torch.rand(64, 256)", "torch.rand(4096, 4096)")
+# 2^27 elements: about 1 GB moved per call, well above the launch-bound floor.
+BIG_RELU_REF = RELU_REF.replace("torch.rand(64, 256)", "torch.rand(16384, 8192)")
 
 
 @pytest.fixture(scope="module")
@@ -75,8 +75,8 @@ def rows(build_cache_dir):
             "import torch\nclass ModelNew(torch.nn.Module):\n"
             "    def forward(self, x):\n        return torch.relu(x)\n", "cuda"),
     ]
-    return by_id(evaluate(jobs, settings(build_cache_dir, timing_trials=30, repeats=2),
-                          progress=False))
+    cfg = settings(build_cache_dir, timing_trials=30, repeats=2, memory_limit_mb=16384)
+    return by_id(evaluate(jobs, cfg, progress=False))
 
 
 def test_cuda_kernel_is_correct_and_timed(rows):
@@ -84,7 +84,7 @@ def test_cuda_kernel_is_correct_and_timed(rows):
     assert row["compiled"] and row["correct"] and row["correct_robust"], row["error"]
     assert row["timing_mode"] == "eager" and 1 <= row["num_repeats"] <= 2
     assert row["speedup_low"] <= row["speedup_median"] <= row["speedup_high"]
-    assert not row["launch_bound"]  # 16M elements: well above the floor
+    assert not row["launch_bound"]
     assert "seccomp" in row["sandbox"]
 
 
@@ -104,7 +104,7 @@ def test_torch_only_candidate_is_flagged(rows):
 
 def test_cuda_graph_timing(build_cache_dir):
     jobs = [job("relu_graphs", BIG_RELU_REF, CUDA_KIT.replace("{call}", "relu"), "cuda")]
-    row = by_id(evaluate(jobs, settings(build_cache_dir, cuda_graphs=True, timing_trials=20),
-                         progress=False))["relu_graphs"]
+    cfg = settings(build_cache_dir, cuda_graphs=True, timing_trials=20, memory_limit_mb=16384)
+    row = by_id(evaluate(jobs, cfg, progress=False))["relu_graphs"]
     assert row["correct"] and row["timing_mode"] == "cuda_graphs", row["error"]
     assert row["builds_cached"] == 1 and not row["flag_ext_not_called"]

@@ -10,7 +10,6 @@ from __future__ import annotations
 import platform
 
 import pytest
-
 from dicepipe.harness import evaluate
 from test_harness_helpers import RELU_REF, by_id, job, python_candidate, settings
 

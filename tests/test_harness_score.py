@@ -5,7 +5,6 @@ from __future__ import annotations
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-
 from dicepipe.cli import main
 from dicepipe.harness import RESULT_SCHEMA
 from test_harness_helpers import IDENTITY_REF, RELU_REF, python_candidate

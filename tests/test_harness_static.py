@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-
 from dicepipe.harness.static_checks import static_flags
 from test_harness_helpers import HONEST_RELU
 

@@ -6,10 +6,16 @@ import math
 import random
 
 import pytest
-
-from dicepipe.harness.stats import (SpeedupEstimate, clears, iqr, judged_faster,
-                                    order_statistic_ranks, run_repeats, settled,
-                                    speedup_interval)
+from dicepipe.harness.stats import (
+    SpeedupEstimate,
+    clears,
+    iqr,
+    judged_faster,
+    order_statistic_ranks,
+    run_repeats,
+    settled,
+    speedup_interval,
+)
 
 
 def test_order_statistic_ranks_cover_the_median():
@@ -29,7 +35,8 @@ def test_interval_brackets_the_ratio_of_medians():
     median_cand = (cand[19] + cand[20]) / 2
     assert est.speedup == pytest.approx(median_ref / median_cand)
     wider = speedup_interval(ref, cand, 0.99, 0.01)
-    assert wider.low == pytest.approx(est.low / 1.01) and wider.high == pytest.approx(est.high * 1.01)
+    assert wider.low == pytest.approx(est.low / 1.01)
+    assert wider.high == pytest.approx(est.high * 1.01)
 
 
 def test_too_few_trials_never_decide():

@@ -81,6 +81,11 @@ def test_decoding_records_every_token_and_step(lm):
         first = 4 - len(prompt) % 4
         later = gen.unmask_steps[first:first + 4]
         assert sorted(later) == list(range(4, 8))
+    # warming up (dummy forwards over every shape) leaves no trace in the next generation
+    warmed = Decoder(lm, _settings())
+    warmed.warm_up(prompts, cfg)
+    assert [g.token_ids for g in warmed.generate(prompts, cfg).generations] == [
+        g.token_ids for g in result.generations]
     # same seed, same result; fused and unfused commits agree
     again = Decoder(lm, _settings()).generate(prompts, DecodeSettings(
         max_new_tokens=10, temperature=0, stop_at_end=False, fuse_commit=False))

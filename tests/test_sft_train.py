@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pyarrow as pa
 import pytest
+import torch
 from dicepipe.data.schema import SFT_SCHEMA, write_table
 from dicepipe.model.decode import Decoder, DecodeSettings
 from dicepipe.model.loading import build_tiny
@@ -99,3 +100,41 @@ def test_sft_stage_is_deterministic_and_resumes_after_a_kill(short_params, tmp_p
     straight_losses = [line.split("\t")[2] for line in (straight / "metrics" / "steps.tsv").read_text().splitlines()]
     assert straight_losses == [line.split("\t")[2] for line in lines]
     assert (resumed / "metrics" / "summary.json").is_file()
+
+
+def test_fsdp_on_two_processes_matches_one_process(short_params, tmp_path, repo_root):
+    """torchrun with 2 CPU ranks (gloo): FSDP shards every layer and the root. With one packed
+    row both ranks train on the same micro-batch, so the result equals a single process's
+    up to the order of floating-point reductions."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from safetensors.torch import load_file
+
+    short_params["sft"]["overrides"]["tiny"].update(pack=True, epochs=4, per_device_batch_size=1)
+    params_path = tmp_path / "params.json"
+    params_path.write_text(json.dumps(short_params))
+    data = tmp_path / "sft.parquet"
+    _write_split(data)
+    runner = tmp_path / "run_stage.py"
+    runner.write_text(
+        "import argparse, json, sys\n"
+        "from dicepipe.stages import sft\n"
+        "p = argparse.ArgumentParser(); sft.add_arguments(p)\n"
+        "args = p.parse_args(sys.argv[2:])\n"
+        "sys.exit(sft.run(args, json.loads(open(sys.argv[1]).read())))\n")
+    argv = [str(params_path), "--scale", "tiny", "--data", str(data), "--device", "cpu"]
+    env = {**os.environ, "PYTHONPATH": str(repo_root / "workflow"), "OMP_NUM_THREADS": "1"}
+    for name, launcher in (("one", [sys.executable]),
+                           ("two", [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2"])):
+        out = tmp_path / name
+        subprocess.run([*launcher, str(runner), *argv, "--out", str(out / "model"), "--metrics",
+                        str(out / "metrics")], check=True, env=env, timeout=600)
+    one = load_file(tmp_path / "one" / "model" / "model.safetensors")
+    two = load_file(tmp_path / "two" / "model" / "model.safetensors")
+    assert one.keys() == two.keys()
+    for key in one:
+        torch.testing.assert_close(one[key], two[key], atol=1e-3, rtol=1e-3)
+    assert one["lm_head.weight"].abs().sum() > 0

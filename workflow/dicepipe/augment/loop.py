@@ -5,8 +5,8 @@ tasks still open, up to `augment.attempts` rounds.
 
 Resume. Drafts are journalled (draft_journal.jsonl in the work folder, keyed by the
 author's fingerprint, the task and the attempt) and harness rows go to the harness's own
-results file, whose job ids carry a hash of the candidate; a re-run after a kill asks the
-author and the harness only for what is missing. Transient author failures (timeouts,
+results file (one per measuring setup), whose job ids carry a hash of the candidate; a
+re-run after a kill asks the author and the harness only for what is missing. Transient author failures (timeouts,
 refused connections, HTTP errors) are not journalled, so a re-run asks again."""
 
 from __future__ import annotations
@@ -60,6 +60,16 @@ class DraftJournal:
 
     def close(self) -> None:
         self._fh.close()
+
+
+def harness_results_path(work_dir: Path, harness_settings) -> Path:
+    """One results file per measuring setup: changed trials or repeats measure afresh, while a
+    changed threshold (or cache folder) reuses the measurements and only re-applies the verdict."""
+    wire = harness_settings.to_wire()
+    for name in ("cache_dir", "devices", "decision_thresholds"):
+        wire.pop(name, None)
+    digest = hashlib.sha256(json.dumps(wire, sort_keys=True).encode()).hexdigest()[:12]
+    return work_dir / f"harness_{digest}.parquet"
 
 
 def job_id(task: Task, attempt: int, code: str) -> str:
@@ -124,7 +134,7 @@ def run_attempts(tasks: list[Task], author, settings: dict, harness_settings, wo
             results = {}
             if jobs:
                 table = evaluate(list(jobs.values()), harness_settings,
-                                 results_path=work_dir / "harness_results.parquet")
+                                 results_path=harness_results_path(work_dir, harness_settings))
                 results = {row["job_id"]: row for row in table.to_pylist()}
             still_open = []
             for task in open_tasks:

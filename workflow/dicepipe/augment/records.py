@@ -91,7 +91,7 @@ def task_reason(rows: list[dict]) -> str:
     for reason in _TASK_REASON_ORDER:
         if reason in reasons:
             return reason
-    return sorted(reasons)[0] if reasons else "no_candidate"
+    return min(reasons) if reasons else "no_candidate"
 
 
 def build_report(tasks, attempt_rows: list[dict], header: dict) -> dict:

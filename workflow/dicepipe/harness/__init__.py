@@ -10,5 +10,12 @@ from .orchestrator import evaluate
 from .results import DYNAMIC_FLAGS, FLAG_COLUMNS, RESULT_SCHEMA, STATIC_FLAGS
 from .settings import HarnessSettings, Job
 
-__all__ = ["Job", "HarnessSettings", "evaluate", "RESULT_SCHEMA", "FLAG_COLUMNS", "STATIC_FLAGS",
-           "DYNAMIC_FLAGS"]
+__all__ = [
+           "DYNAMIC_FLAGS",
+           "FLAG_COLUMNS",
+           "RESULT_SCHEMA",
+           "STATIC_FLAGS",
+           "HarnessSettings",
+           "Job",
+           "evaluate",
+]

@@ -56,7 +56,8 @@ def write_sources(spec: dict, folder: Path) -> list[str]:
     if spec["cuda_sources"]:
         cuda = list(spec["cuda_sources"])
         if not spec["no_implicit_headers"]:
-            cuda[:0] = ["#include <torch/types.h>", "#include <cuda.h>", "#include <cuda_runtime.h>"]
+            cuda[:0] = ["#include <torch/types.h>", "#include <cuda.h>",
+                        "#include <cuda_runtime.h>"]
         sources.append(folder / "cuda.cu")
         sources[1].write_text("\n".join(cuda))
     return [str(s) for s in sources]

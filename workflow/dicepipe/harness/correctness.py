@@ -99,7 +99,8 @@ def compare(ref, cand, tol: dict) -> tuple[bool, float, str]:
             if not isinstance(c, torch.Tensor):
                 return False, math.inf, f"output {i}: {type(c).__name__}, expected a tensor"
             if tuple(c.shape) != tuple(r.shape):
-                return False, math.inf, f"output {i}: shape {tuple(c.shape)}, expected {tuple(r.shape)}"
+                return (False, math.inf,
+                        f"output {i}: shape {tuple(c.shape)}, expected {tuple(r.shape)}")
             if c.dtype != r.dtype:
                 return False, math.inf, f"output {i}: dtype {c.dtype}, expected {r.dtype}"
             ok, err = _close(r, c.to(r.device), tol)

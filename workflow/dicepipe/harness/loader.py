@@ -14,8 +14,8 @@ import importlib.util
 import inspect
 import sys
 import types
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from .buildspec import normalize_spec
 

@@ -20,9 +20,9 @@ import tempfile
 import threading
 import time
 import traceback
+from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
-from typing import Iterable
 
 import pyarrow as pa
 
@@ -131,7 +131,7 @@ class Batch:
         return [self._worker("device", i, base, {"CUDA_VISIBLE_DEVICES": str(gpu)}, "cuda", tool)
                 for i, gpu in enumerate(gpus)]
 
-    def __enter__(self) -> "Batch":
+    def __enter__(self) -> Batch:
         return self
 
     def __exit__(self, *exc) -> None:
@@ -188,7 +188,7 @@ class Batch:
             for backend, items in held.items():
                 for item in sorted(items, key=lambda it: order[it.job.job_id]):
                     queues[backend].put(item)
-        except BaseException as exc:  # noqa: BLE001 - surfaced in the main thread
+        except BaseException as exc:
             results.put(("abort", exc))
         finally:
             for backend, q in queues.items():
@@ -215,7 +215,7 @@ class Batch:
                         item, "build", f"extension {spec['name']!r} failed to build",
                         status.get("log_tail", ""))
                     return item
-        except Exception as exc:  # noqa: BLE001 - a harness fault costs this row only
+        except Exception as exc:
             log.exception("preparing job %s failed", job.job_id)
             item.final_row = prepared_failure(item, "harness", f"harness error: {exc!r}")
         return item
@@ -229,7 +229,7 @@ class Batch:
                 return
             try:
                 reply = self._run_on_device(item, worker)
-            except Exception as exc:  # noqa: BLE001
+            except Exception as exc:
                 log.error("device job %s: %s", item.job.job_id, traceback.format_exc())
                 reply = {"op": "failed", "kind": "harness", "phase": "job", "error": repr(exc)}
             if reply.get("kind") == "start":
@@ -256,7 +256,7 @@ class Batch:
                 spec = normalize_spec(message["spec"])
                 key = spec_key(spec, toolchain)
                 status = builds.build_now(spec, key, job.job_id)
-            except Exception as exc:  # noqa: BLE001 - a malformed request fails that job
+            except Exception as exc:
                 status = {"ok": False, "log_tail": f"build request refused: {exc}"}
             return {"op": "build_reply", "status": status}
 

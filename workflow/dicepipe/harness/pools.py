@@ -127,7 +127,7 @@ class ExtractService:
         for spec in reply.get("specs", []):
             try:
                 result["specs"].append(normalize_spec(spec))  # re-checked: it came from a sandbox
-            except Exception as exc:  # noqa: BLE001
+            except Exception as exc:
                 result.update(ok=False, final=True, error=f"bad load_inline arguments: {exc}")
         if result["ok"]:
             path.parent.mkdir(parents=True, exist_ok=True)

@@ -11,8 +11,8 @@ import json
 import logging
 import math
 import os
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Iterable
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -20,7 +20,7 @@ import pyarrow.parquet as pq
 log = logging.getLogger(__name__)
 
 STATIC_FLAGS = (
-    "flag_no_kernel",  # no kernel of its own: no __global__ launch (cuda) / no load_inline C++ (cpu)
+    "flag_no_kernel",  # no kernel of its own: no __global__ launch (cuda), no load_inline (cpu)
     "flag_calls_reference",  # subclasses, aliases or calls the reference `Model`
     "flag_try_fallback",  # try/except around the candidate's code (fallback to PyTorch)
     "flag_threads_streams",  # threads, processes or extra CUDA streams (static or dynamic)
@@ -30,7 +30,7 @@ DYNAMIC_FLAGS = (
     "flag_ext_not_called",  # no compiled extension function ran on the timed path
     "flag_output_alias",  # an output shares memory with an input
     "flag_output_cached",  # an output shares memory with an earlier call's output
-    "flag_input_insensitive",  # outputs identical across different inputs where the reference's differ
+    "flag_input_insensitive",  # same outputs for different inputs (the reference's differ)
     "flag_input_mutation",  # the candidate wrote into its inputs
     "flag_post_timing_wrong",  # wrong on inputs drawn after timing although right before
     "flag_runtime_tampered",  # timers, torch or harness functions replaced at run time

@@ -7,9 +7,9 @@ sandboxed workers never unpickle anything the orchestrator did not write itself.
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
-from typing import Sequence
 
 from ..errors import HarnessError
 
@@ -81,7 +81,7 @@ class HarnessSettings:
         repeats: int = 1,
         decision_thresholds: Sequence[float] = (1.0,),
         cache_dir: str | os.PathLike | None = None,
-    ) -> "HarnessSettings":
+    ) -> HarnessSettings:
         """Settings from params.yaml's `harness:` section (validated by the schema)."""
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(harness) - known)

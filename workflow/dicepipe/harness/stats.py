@@ -10,9 +10,9 @@ what trial-to-trial scatter cannot show (clock and placement effects common to a
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from statistics import median
-from typing import Sequence
 
 
 @dataclass(frozen=True)

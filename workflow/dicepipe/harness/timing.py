@@ -86,10 +86,10 @@ def capture_graph(fn, args):
             out = fn(*args)
         _synchronize()
         return graph, out
-    except Exception:  # noqa: BLE001 - anything uncapturable falls back to eager timing
+    except Exception:
         try:
             _synchronize()
-        except Exception:  # noqa: BLE001
+        except Exception:
             pass
         return None
 

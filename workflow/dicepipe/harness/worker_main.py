@@ -39,6 +39,8 @@ def _apply_late(cfg: dict, applied: list[str]) -> None:
     writable = [cfg["folder"]]
     if cfg["role"] == "build":
         writable.append(cfg["cache_dir"])
+    if cfg["role"] == "device" and cfg["device"] == "cuda" and os.path.isdir("/dev/shm"):
+        writable.append("/dev/shm")  # the CUDA driver's shared-memory files (IPC, caches)
     landlock = sandbox.restrict_writes(writable, sandbox.device_files())
     if landlock:
         applied.append(landlock)
@@ -145,7 +147,7 @@ def _serve_build(cfg: dict, channel) -> None:
             return
         try:
             status = build_spec(msg["spec"], msg["key"], cache, msg["use_pch"])
-        except Exception as exc:  # noqa: BLE001 - a broken build environment, not the source
+        except Exception as exc:
             status = {"ok": False, "transient": True, "log_tail": f"builder error: {exc!r}"}
         channel.send({"op": "result", "status": status})
 
@@ -160,7 +162,7 @@ def main() -> None:
     if cfg["role"] == "device":
         _init_device(cfg["device"])
     else:
-        import torch  # noqa: F401 - imported before the sandbox closes, as the device does
+        import torch  # noqa: F401 - imported before the sandbox closes, as on the device
     _apply_late(cfg, applied)
     if cfg["role"] != "device":
         os.nice(10)  # builds and extraction yield the CPU to timed work

@@ -17,8 +17,8 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from .protocol import Channel, ChannelClosed
 from .sandbox import scrubbed_env

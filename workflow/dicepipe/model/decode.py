@@ -129,6 +129,30 @@ class Decoder:
         self.engine.forwards = 0
         return self.engine
 
+    def warm_up(self, prompts: list[list[int]], cfg: DecodeSettings) -> None:
+        """Run (and so capture, or compile) every forward shape that `generate(prompts, cfg)`
+        uses, once per key-length bucket, on dummy tokens; a timed generate() then measures
+        decoding alone. Harmless: every cache column a generation reads it first writes."""
+        size = self.settings.block_size
+        if self.settings.causal:
+            first, total = max(map(len, prompts)), max(map(len, prompts)) + cfg.max_new_tokens
+            shapes = [(1, 1)]
+        else:
+            plan = _BlockPlan.make(prompts, size, cfg.max_new_tokens)
+            first, total = plan.prefix_len, plan.total_len
+            shapes = [(size, size), (2 * size, size) if cfg.fuse_commit else (size, 0)]
+        eng = self._engine(len(prompts), total)
+        eng.begin(torch.zeros(len(prompts), dtype=torch.long))
+        for key_len in range(eng.len_bucket, eng.max_len + 1, eng.len_bucket):
+            for q, logits_last in shapes:
+                start = min(key_len, total) - q
+                start -= start % size
+                if start >= first and eng._key_len(start + q) == key_len:
+                    tokens = torch.zeros((len(prompts), q), dtype=torch.long, device=self.device)
+                    eng.forward(tokens, start, logits_last)
+        if self.device.type == "cuda":
+            torch.cuda.synchronize()
+
     def generate(self, prompts: list[list[int]], cfg: DecodeSettings,
                  record_commit_logits: bool = False) -> DecodeResult:
         if not prompts or any(len(p) == 0 for p in prompts):

@@ -11,6 +11,7 @@ the remaining rows to the front of the cache (`keep_rows`).
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
@@ -74,10 +75,7 @@ class KVCacheEngine:
         # Optionally the per-token parts of a layer (norms, projections, RoPE, MLP) compiled
         # for the short decode forwards, fusing their many small kernels; prefill stays eager.
         self.compiled_max_query = 2 * block_size
-        self.compiled = None
-        if compile_layers:
-            self.compiled = (torch.compile(self._pre_attention, dynamic=False),
-                             torch.compile(self._post_attention, dynamic=False))
+        self.compiled = _compiled_layer_parts() if compile_layers else None
 
     def _rope_tables(self):
         positions = torch.arange(self.max_len, device=self.device)[None]
@@ -167,12 +165,12 @@ class KVCacheEngine:
         positions = (cols[None, :] - pad[:, None]).clamp_(min=0)
         cos, sin = self.cos[positions][:, None], self.sin[positions][:, None]
         mask = self._folded_mask(block_causal_mask(pad, start, q, key_len, self.block_size))
-        pre, post = self._pre_attention, self._post_attention
+        pre, post = _pre_attention, _post_attention
         if self.compiled is not None and q <= self.compiled_max_query:
             pre, post = self.compiled
         hidden = self.inner.embed_tokens(tokens)
         for i, layer in enumerate(self.inner.layers):
-            query, key, value = pre(layer, hidden, cos, sin)
+            query, key, value = pre(layer, hidden, cos, sin, self.head_dim, self.dtype)
             key_cache, value_cache = self.keys[i][rows], self.values[i][rows]
             key_cache.index_copy_(2, cols, key)
             value_cache.index_copy_(2, cols, value)
@@ -199,18 +197,33 @@ class KVCacheEngine:
         out = F.scaled_dot_product_attention(folded, keys, values, attn_mask=mask, scale=scale)
         return out.reshape(batch, heads, q, dim)
 
-    def _pre_attention(self, layer, hidden, cos, sin):
-        attn = layer.self_attn
-        x = layer.input_layernorm(hidden)
-        shape = (*x.shape[:2], -1, self.head_dim)
-        query = attn.q_norm(attn.q_proj(x).view(shape)).transpose(1, 2)
-        key = attn.k_norm(attn.k_proj(x).view(shape)).transpose(1, 2)
-        value = attn.v_proj(x).view(shape).transpose(1, 2)
-        query = query * cos + _rotate_half(query) * sin
-        key = key * cos + _rotate_half(key) * sin
-        return query.to(self.dtype), key.to(self.dtype), value.to(self.dtype)
 
-    def _post_attention(self, layer, hidden, attn_out):
-        batch, heads, q, dim = attn_out.shape
-        hidden = hidden + layer.self_attn.o_proj(attn_out.transpose(1, 2).reshape(batch, q, heads * dim))
-        return hidden + layer.mlp(layer.post_attention_layernorm(hidden))
+def _pre_attention(layer, hidden, cos, sin, head_dim: int, dtype: torch.dtype):
+    """Per-token part of a layer before attention: norm, projections, q/k norms, RoPE."""
+    attn = layer.self_attn
+    x = layer.input_layernorm(hidden)
+    shape = (*x.shape[:2], -1, head_dim)
+    query = attn.q_norm(attn.q_proj(x).view(shape)).transpose(1, 2)
+    key = attn.k_norm(attn.k_proj(x).view(shape)).transpose(1, 2)
+    value = attn.v_proj(x).view(shape).transpose(1, 2)
+    query = query * cos + _rotate_half(query) * sin
+    key = key * cos + _rotate_half(key) * sin
+    return query.to(dtype), key.to(dtype), value.to(dtype)
+
+
+def _post_attention(layer, hidden, attn_out):
+    """Per-token part of a layer after attention: output projection, residuals, MLP."""
+    batch, heads, q, dim = attn_out.shape
+    hidden = hidden + layer.self_attn.o_proj(attn_out.transpose(1, 2).reshape(batch, q, heads * dim))
+    return hidden + layer.mlp(layer.post_attention_layernorm(hidden))
+
+
+@functools.cache
+def _compiled_layer_parts():
+    """Compiled once per process (plain functions, so engines share the compiled code; the
+    guards are on shapes and dtypes)."""
+    config = torch._dynamo.config
+    for name in ("recompile_limit", "cache_size_limit"):  # shapes: batch buckets x query lengths
+        if hasattr(config, name):
+            setattr(config, name, max(getattr(config, name), 64))
+    return (torch.compile(_pre_attention, dynamic=False), torch.compile(_post_attention, dynamic=False))

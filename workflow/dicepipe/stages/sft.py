@@ -77,12 +77,13 @@ def run(args, params) -> int:
     if not data.rows:
         raise StageInputError(f"{args.data}: every example is longer than cutoff_len "
                               f"{settings['cutoff_len']} (params.yaml sft.cutoff_len).")
-    log.info("sft %s: %d examples in %d rows on %s x%d", args.scale, len(data.examples),
-             len(data.rows), env.device, env.world_size)
+    if env.is_main:
+        log.info("sft %s: %d examples in %d rows on %s x%d", args.scale, len(data.examples),
+                 len(data.rows), env.device, env.world_size)
     out = Path(args.out)
     paths = SFTPaths(out, Path(args.metrics), Path(args.work_dir) if args.work_dir else out.with_name(out.name + ".work"))
     options = RunOptions(stop_after_steps=args.stop_after_steps, keep_checkpoints=args.keep_checkpoints)
     summary = run_sft(loaded, data, settings, paths, env, options)
-    if summary is not None:
+    if summary is not None and env.is_main:
         log.info("sft %s done: loss %s -> %s", args.scale, summary["loss_first"], summary["loss_final"])
     return 0

@@ -10,10 +10,10 @@ the stage records it as a failed attempt and goes on."""
 from __future__ import annotations
 
 import hashlib
+import http.client
 import json
 import logging
 import os
-import socket
 import urllib.error
 import urllib.request
 
@@ -76,13 +76,15 @@ class EndpointAuthor:
                 raw = response.read()
         except urllib.error.HTTPError as exc:
             return Draft(failure="author_http_error", detail=f"HTTP {exc.code}: {_tail(exc)}")
-        except (TimeoutError, socket.timeout) as exc:
+        except TimeoutError as exc:
             return Draft(failure="author_timeout", detail=f"no answer in {self.timeout_s:g} s: {exc}")
         except urllib.error.URLError as exc:
-            if isinstance(exc.reason, (TimeoutError, socket.timeout)):
+            if isinstance(exc.reason, TimeoutError):
                 return Draft(failure="author_timeout",
                              detail=f"no answer in {self.timeout_s:g} s: {exc.reason}")
             return Draft(failure="author_unreachable", detail=str(exc.reason)[:DETAIL_CHARS])
+        except http.client.HTTPException as exc:  # not HTTP at all, or cut short
+            return Draft(failure="author_bad_response", detail=repr(exc)[:DETAIL_CHARS])
         except (ConnectionError, OSError) as exc:
             return Draft(failure="author_unreachable", detail=str(exc)[:DETAIL_CHARS])
         return parse_completion(raw)
