@@ -24,9 +24,10 @@ from dicepipe.model.shapes import SDAR_MASK_ID, SHAPES, qwen3_config, random_qwe
 
 
 def _case(name, shape, batch, mode="block", new_tokens=1024, graphs=True, fused=True,
-          temperature=0.0, strategy="static", compiled=False) -> dict:
-    return {"name": name, "shape": shape, "batch": batch, "mode": mode, "new_tokens": new_tokens, "graphs": graphs,
-                "fused": fused, "temperature": temperature, "strategy": strategy, "compiled": compiled}
+          temperature=0.0, strategy="static", compiled=False, attention="sdpa") -> dict:
+    return {"name": name, "shape": shape, "batch": batch, "mode": mode, "new_tokens": new_tokens,
+            "graphs": graphs, "fused": fused, "temperature": temperature, "strategy": strategy,
+            "compiled": compiled, "attention": attention}
 
 
 CASES = [
@@ -47,6 +48,10 @@ CASES = [
     _case("diffusion_compiled", "1.7b", 1, compiled=True),
     _case("autoregressive_compiled", "1.7b", 64, mode="ar", compiled=True),
     _case("autoregressive_compiled", "4b", 128, mode="ar", compiled=True),
+    _case("diffusion_compiled_matmul", "4b", 128, compiled=True, attention="matmul"),
+    _case("diffusion_compiled_matmul", "1.7b", 64, compiled=True, attention="matmul"),
+    _case("diffusion_compiled_matmul", "1.7b", 1, compiled=True, attention="matmul"),
+    _case("autoregressive_compiled_matmul", "4b", 128, mode="ar", compiled=True, attention="matmul"),
 ]
 
 
@@ -62,7 +67,8 @@ def run_case(models: dict, case: dict, prompt_len: int) -> dict:
     settings = BlockSettings(block_size=1 if causal else 4, mask_token_id=None if causal else SDAR_MASK_ID,
                              pad_token_id=151643, stop_token_ids=(151645, 151643), causal=causal)
     graphs, batch = case["graphs"], case["batch"]
-    decoder = Decoder(lm, settings, cuda_graphs=graphs, compile_layers=case["compiled"])
+    decoder = Decoder(lm, settings, cuda_graphs=graphs, compile_layers=case["compiled"],
+                      attention=case["attention"])
     cfg = DecodeSettings(max_new_tokens=case["new_tokens"], denoising_steps=4, strategy=case["strategy"],
                          temperature=case["temperature"], top_k=0, stop_at_end=False,
                          fuse_commit=case["fused"])

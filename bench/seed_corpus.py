@@ -27,7 +27,7 @@ TOLERANCE = 1e-4
 
 def load_namespace(path: Path) -> dict:
     namespace = {"__name__": f"seed_{path.parent.name}_{path.stem}"}
-    exec(compile(path.read_text(), str(path), "exec"), namespace)
+    exec(compile(path.read_text(), str(path), "exec"), namespace)  # noqa: S102 -- runs the shipped task files
     return namespace
 
 
@@ -57,9 +57,13 @@ def check_pair(ref_ns: dict, new_ns: dict, seeds: int) -> float:
         inputs = make_inputs(ref_ns, seed)
         expected = reference(*inputs)
         actual = candidate(*inputs)
-        assert actual.shape == expected.shape, f"shape {tuple(actual.shape)} != {tuple(expected.shape)}"
+        assert actual.shape == expected.shape, (
+            f"shape {tuple(actual.shape)} != {tuple(expected.shape)}"
+        )
         worst = max(worst, (actual - expected).abs().max().item())
-        assert torch.allclose(actual, expected, atol=TOLERANCE, rtol=TOLERANCE), f"seed {seed}: max abs error {worst:.3g}"
+        assert torch.allclose(actual, expected, atol=TOLERANCE, rtol=TOLERANCE), (
+            f"seed {seed}: max abs error {worst:.3g}"
+        )
     return worst
 
 
@@ -72,7 +76,9 @@ def call_times_ms(model, inputs: list, calls: int, clock) -> list[float]:
     return times
 
 
-def time_pair(ref_ns: dict, new_ns: dict, calls: int, clock, warmup: int = 5) -> tuple[float, float]:
+def time_pair(
+    ref_ns: dict, new_ns: dict, calls: int, clock, warmup: int = 5
+) -> tuple[float, float]:
     reference, candidate = build_models(ref_ns, new_ns, 0)
     inputs = make_inputs(ref_ns, 0)
     for _ in range(warmup):
@@ -93,7 +99,11 @@ def load_and_check(name: str, seeds: int) -> tuple[dict, dict, dict]:
     build_s = time.perf_counter() - start
     with torch.inference_mode():
         max_abs_error = check_pair(ref_ns, new_ns, seeds)
-    return ref_ns, new_ns, {"name": name, "build_s": round(build_s, 1), "max_abs_error": max_abs_error}
+    return (
+        ref_ns,
+        new_ns,
+        {"name": name, "build_s": round(build_s, 1), "max_abs_error": max_abs_error},
+    )
 
 
 def main() -> None:
@@ -101,13 +111,22 @@ def main() -> None:
     parser.add_argument("--names", nargs="*", help="pair names (default: all)")
     parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--calls", type=int, default=30)
-    parser.add_argument("--rounds", type=int, default=1,
-                        help="time every pair this many times, one pair after another, and keep "
-                        "the median of the per-round medians (spreads each pair over time)")
-    parser.add_argument("--threads", type=int, help="torch.set_num_threads (also OpenMP in the kernels)")
-    parser.add_argument("--cpu-time", action="store_true",
-                        help="time with the calling thread's CPU clock (needs --threads 1): "
-                        "blind to time spent descheduled by other processes")
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=1,
+        help="time every pair this many times, one pair after another, and keep "
+        "the median of the per-round medians (spreads each pair over time)",
+    )
+    parser.add_argument(
+        "--threads", type=int, help="torch.set_num_threads (also OpenMP in the kernels)"
+    )
+    parser.add_argument(
+        "--cpu-time",
+        action="store_true",
+        help="time with the calling thread's CPU clock (needs --threads 1): "
+        "blind to time spent descheduled by other processes",
+    )
     parser.add_argument("--json", type=Path, help="also write the rows here")
     args = parser.parse_args()
     if args.cpu_time and args.threads != 1:
@@ -121,7 +140,7 @@ def main() -> None:
         try:
             ref_ns, new_ns, rows[name] = load_and_check(name, args.seeds)
             loaded[name] = (ref_ns, new_ns)
-        except Exception as exc:  # report every pair, even after one fails
+        except Exception as exc:  # noqa: BLE001 -- report every pair, even after one fails
             rows[name] = {"name": name, "error": f"{type(exc).__name__}: {exc}"[:300]}
     timings = {name: ([], []) for name in loaded}
     loads = []
@@ -135,7 +154,9 @@ def main() -> None:
             timings[name][1].append(new_ms)
     for name, (ref_rounds, new_rounds) in timings.items():
         ref_ms, new_ms = statistics.median(ref_rounds), statistics.median(new_rounds)
-        rows[name].update(ref_ms=ref_ms, new_ms=new_ms, speedup=ref_ms / new_ms, load_1min=max(loads))
+        rows[name].update(
+            ref_ms=ref_ms, new_ms=new_ms, speedup=ref_ms / new_ms, load_1min=max(loads)
+        )
     for name in names:
         print(json.dumps(rows[name]), flush=True)
     if args.json:

@@ -86,6 +86,9 @@ def test_decoding_records_every_token_and_step(lm):
     warmed.warm_up(prompts, cfg)
     assert [g.token_ids for g in warmed.generate(prompts, cfg).generations] == [
         g.token_ids for g in result.generations]
+    # the matmul attention path for short forwards gives the same tokens
+    matmul = Decoder(lm, _settings(), attention="matmul").generate(prompts, cfg)
+    assert [g.token_ids for g in matmul.generations] == [g.token_ids for g in result.generations]
     # same seed, same result; fused and unfused commits agree
     again = Decoder(lm, _settings()).generate(prompts, DecodeSettings(
         max_new_tokens=10, temperature=0, stop_at_end=False, fuse_commit=False))

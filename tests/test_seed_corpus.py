@@ -38,7 +38,9 @@ def parse(path: Path) -> ast.Module:
 
 
 def top_level(tree: ast.Module) -> dict[str, ast.AST]:
-    return {node.name: node for node in tree.body if isinstance(node, (ast.ClassDef, ast.FunctionDef))}
+    return {
+        node.name: node for node in tree.body if isinstance(node, (ast.ClassDef, ast.FunctionDef))
+    }
 
 
 def method(cls: ast.ClassDef, name: str) -> ast.FunctionDef:
@@ -55,7 +57,8 @@ def load_inline_calls(tree: ast.Module) -> list[ast.Call]:
     return [
         node
         for node in ast.walk(tree)
-        if isinstance(node, ast.Call) and getattr(node.func, "id", getattr(node.func, "attr", "")) == "load_inline"
+        if isinstance(node, ast.Call)
+        and getattr(node.func, "id", getattr(node.func, "attr", "")) == "load_inline"
     ]
 
 
@@ -70,9 +73,13 @@ def cpp_text(tree: ast.Module) -> str:
     strings = [
         node.value
         for node in ast.walk(tree)
-        if isinstance(node, ast.Constant) and isinstance(node.value, str) and "torch/extension.h" in node.value
+        if isinstance(node, ast.Constant)
+        and isinstance(node.value, str)
+        and "torch/extension.h" in node.value
     ]
-    assert len(strings) == 1, "expected exactly one C++ source string with #include <torch/extension.h>"
+    assert len(strings) == 1, (
+        "expected exactly one C++ source string with #include <torch/extension.h>"
+    )
     return strings[0]
 
 
@@ -82,7 +89,11 @@ def model_fingerprint(path: Path) -> str:
     parts = []
     for name in ("Model", "get_inputs"):
         node = defs[name]
-        body = [n for n in node.body if not (isinstance(n, ast.Expr) and isinstance(n.value, ast.Constant))]
+        body = [
+            n
+            for n in node.body
+            if not (isinstance(n, ast.Expr) and isinstance(n.value, ast.Constant))
+        ]
         parts.append(ast.dump(ast.Module(body=body, type_ignores=[])))
     return "\n".join(parts)
 
@@ -124,7 +135,9 @@ def test_kernel_builds_cpu_operators_with_load_inline(name):
     tree = parse(CORPUS / "kernels" / f"{name}.py")
     defs = top_level(tree)
     assert isinstance(defs.get("ModelNew"), ast.ClassDef), f"{name}: no class ModelNew"
-    assert ctor_args(defs["ModelNew"]) == ctor_args(reference["Model"]), f"{name}: ctor signatures differ"
+    assert ctor_args(defs["ModelNew"]) == ctor_args(reference["Model"]), (
+        f"{name}: ctor signatures differ"
+    )
     calls = load_inline_calls(tree)
     assert len(calls) == 1, f"{name}: expected one load_inline call"
     call = calls[0]
@@ -138,20 +151,31 @@ def test_kernel_builds_cpu_operators_with_load_inline(name):
     source = cpp_text(tree)
     assert "TORCH_CHECK" in source, f"{name}: inputs must be checked"
     for function in functions:
-        assert re.search(rf"torch::Tensor\s+{function}\s*\(", source), f"{name}: {function} not defined"
+        assert re.search(rf"torch::Tensor\s+{function}\s*\(", source), (
+            f"{name}: {function} not defined"
+        )
 
 
 def test_extension_names_are_unique():
-    names = [keyword(load_inline_calls(parse(CORPUS / "kernels" / f"{n}.py"))[0], "name") for n in pair_names()]
+    names = [
+        keyword(load_inline_calls(parse(CORPUS / "kernels" / f"{n}.py"))[0], "name")
+        for n in pair_names()
+    ]
     assert len(names) == len(set(names))
 
 
 def test_meta_covers_every_pair():
     meta = load_meta()
-    assert set(meta) == set(pair_names()), f"meta.yaml mismatch: {sorted(set(meta) ^ set(pair_names()))}"
+    assert set(meta) == set(pair_names()), (
+        f"meta.yaml mismatch: {sorted(set(meta) ^ set(pair_names()))}"
+    )
     for name, info in meta.items():
         assert info["level"] in (1, 2, 3), f"{name}: level must be 1, 2 or 3"
-        assert isinstance(info["note"], str) and info["note"].strip() and "\n" not in info["note"].strip()
+        assert (
+            isinstance(info["note"], str)
+            and info["note"].strip()
+            and "\n" not in info["note"].strip()
+        )
     levels = [info["level"] for info in meta.values()]
     assert all(levels.count(level) >= 3 for level in (1, 2, 3))
 
@@ -188,7 +212,9 @@ def test_no_benchmark_task_is_a_corpus_task():
     for path in benchmark_files():
         task = BENCHMARK_NAME.match(path.name).group(2)
         assert normalised_task_name(task) not in corpus_names, f"{path.name} shares a corpus name"
-        assert model_fingerprint(path) not in corpus_prints, f"{path.name} repeats a corpus reference"
+        assert model_fingerprint(path) not in corpus_prints, (
+            f"{path.name} repeats a corpus reference"
+        )
 
 
 def test_task_files_are_distinct():
@@ -202,7 +228,7 @@ def test_task_files_are_distinct():
 
 def exec_file(path: Path) -> dict:
     namespace = {"__name__": f"seed_{path.stem}"}
-    exec(compile(path.read_text(), str(path), "exec"), namespace)
+    exec(compile(path.read_text(), str(path), "exec"), namespace)  # noqa: S102 -- the shipped task files are the code under test
     return namespace
 
 
@@ -229,7 +255,9 @@ def test_reference_runs_on_inputs_of_both_signs(path):
     out = out.float()
     assert not torch.allclose(torch.zeros_like(out), out, atol=TOLERANCE, rtol=TOLERANCE)
     if out.numel() > 1:
-        assert not torch.allclose(torch.full_like(out, out.mean().item()), out, atol=TOLERANCE, rtol=TOLERANCE)
+        assert not torch.allclose(
+            torch.full_like(out, out.mean().item()), out, atol=TOLERANCE, rtol=TOLERANCE
+        )
 
 
 # -- built kernels -------------------------------------------------------------------------------

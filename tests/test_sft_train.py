@@ -34,7 +34,16 @@ def _settings(params: dict, **changes) -> dict:
     return settings
 
 
-def test_tiny_sft_learns_and_greedy_decoding_reproduces_a_response(params, tmp_path):
+@pytest.fixture()
+def one_thread():
+    """Many tiny steps: one thread avoids OpenMP spin-waits on a small or busy machine."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def test_tiny_sft_learns_and_greedy_decoding_reproduces_a_response(params, tmp_path, one_thread):
     tokenizer = train_tiny_tokenizer([t for pair in zip(PROMPTS, RESPONSES) for t in pair], 2048)
     loaded = build_tiny(params["models"]["tiny"], tokenizer)
     data = prepare_sft_data(PROMPTS, RESPONSES, tokenizer, loaded.settings, 2048)
@@ -81,7 +90,7 @@ def short_params(params):
     return params
 
 
-def test_sft_stage_is_deterministic_and_resumes_after_a_kill(short_params, tmp_path):
+def test_sft_stage_is_deterministic_and_resumes_after_a_kill(short_params, tmp_path, one_thread):
     data = tmp_path / "sft.parquet"
     _write_split(data)
     assert _run_stage(short_params, data, tmp_path / "straight") == 0

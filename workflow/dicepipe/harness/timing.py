@@ -1,7 +1,7 @@
 """Timing reference and candidate interleaved, in the same process, on rotated inputs.
 
-Each trial takes the next input set, flushes the caches (a write over twice the last-level
-cache on cpu, twice the L2 on cuda), and times both models in a random order. On cpu the
+Each trial takes the next input set, flushes the caches (a write over the last-level cache
+on cpu, over twice the L2 on cuda), and times both models in a random order. On cpu the
 clock is `perf_counter_ns` (monotonic). On cuda, events bracket the call and a device-wide
 synchronize comes before the closing event, so work a candidate hides on another stream is
 counted. In CUDA-graph mode each (model, input set) is captured once and replays are timed.
@@ -40,18 +40,20 @@ def last_level_cache_bytes() -> int:
 class Clock:
     def __init__(self, device: str):
         self.device = device
+        self._flush_value = 0.0
         if device == "cuda":
             l2 = torch.cuda.get_device_properties(torch.cuda.current_device()).L2_cache_size
             self._flush_buf = torch.empty(max(2 * l2, 2**24), dtype=torch.int8, device="cuda")
-        else:
-            size = min(2 * last_level_cache_bytes(), 256 * 2**20) // 4
+        else:  # one last-level cache's worth of writes evicts what the last call left there
+            size = min(last_level_cache_bytes(), 256 * 2**20) // 4
             self._flush_buf = torch.zeros(size, dtype=torch.float32)
 
     def flush(self) -> None:
         if self.device == "cuda":
             self._flush_buf.zero_()
         else:
-            self._flush_buf.add_(1.0)
+            self._flush_buf.fill_(self._flush_value)
+            self._flush_value += 1.0
 
     def time_ms(self, fn, args) -> float:
         """One flushed, timed call; the output is dropped before returning."""

@@ -108,13 +108,14 @@ class Decoder:
     """Decodes with one model; keeps its KV engine (and captured CUDA graphs) between calls."""
 
     def __init__(self, lm, settings: BlockSettings, *, cuda_graphs: bool | None = None,
-                 len_bucket: int = 128, compile_layers: bool = False):
+                 len_bucket: int = 128, compile_layers: bool = False, attention: str = "sdpa"):
         self.lm = lm
         self.settings = settings
         self.device = next(lm.parameters()).device
         self.cuda_graphs = self.device.type == "cuda" if cuda_graphs is None else cuda_graphs
         self.len_bucket = len_bucket
         self.compile_layers = compile_layers
+        self.attention = attention
         self.engine: KVCacheEngine | None = None
 
     def _engine(self, rows: int, length: int) -> KVCacheEngine:
@@ -125,7 +126,7 @@ class Decoder:
                 torch.cuda.empty_cache()
             self.engine = KVCacheEngine(self.lm, self.settings.block_size, rows, length,
                                         cuda_graphs=self.cuda_graphs, len_bucket=self.len_bucket,
-                                        compile_layers=self.compile_layers)
+                                        compile_layers=self.compile_layers, attention=self.attention)
         self.engine.forwards = 0
         return self.engine
 

@@ -48,7 +48,8 @@ class _Graph:
 
 class KVCacheEngine:
     def __init__(self, lm, block_size: int, max_batch: int, max_len: int, *,
-                 cuda_graphs: bool = False, len_bucket: int = 128, compile_layers: bool = False):
+                 cuda_graphs: bool = False, len_bucket: int = 128, compile_layers: bool = False,
+                 attention: str = "sdpa"):
         self.lm = lm
         self.inner = lm.model
         self.block_size = block_size
@@ -76,6 +77,11 @@ class KVCacheEngine:
         # for the short decode forwards, fusing their many small kernels; prefill stays eager.
         self.compiled_max_query = 2 * block_size
         self.compiled = _compiled_layer_parts() if compile_layers else None
+        if attention not in ("sdpa", "matmul"):
+            raise ValueError(f"attention {attention!r}: expected 'sdpa' or 'matmul'")
+        # "matmul": short (decode) forwards attend with two batched matmuls and a softmax,
+        # which read the cache at close to full bandwidth where SDPA's masked kernel may not.
+        self.attention = attention
 
     def _rope_tables(self):
         positions = torch.arange(self.max_len, device=self.device)[None]
@@ -194,7 +200,11 @@ class KVCacheEngine:
         length: no copy of keys/values for grouped-query attention."""
         batch, heads, q, dim = query.shape
         folded = query.reshape(batch, keys.shape[1], self.group * q, dim)
-        out = F.scaled_dot_product_attention(folded, keys, values, attn_mask=mask, scale=scale)
+        if self.attention == "matmul" and q <= self.compiled_max_query:
+            scores = torch.matmul(folded, keys.transpose(-1, -2)).float() * scale + mask
+            out = torch.matmul(torch.softmax(scores, dim=-1).to(values.dtype), values)
+        else:
+            out = F.scaled_dot_product_attention(folded, keys, values, attn_mask=mask, scale=scale)
         return out.reshape(batch, heads, q, dim)
 
 

@@ -28,10 +28,11 @@ def block_diffusion_allowed(q_idx, kv_idx, q_doc, kv_doc, n: int, block_size: in
     kv_clean = kv_idx >= n
     q_block = torch.where(q_clean, q_idx - n, q_idx) // block_size
     kv_block = torch.where(kv_clean, kv_idx - n, kv_idx) // block_size
-    noisy_noisy = ~q_clean & ~kv_clean & (q_block == kv_block)
-    noisy_clean = ~q_clean & kv_clean & (kv_block < q_block)
-    clean_clean = q_clean & kv_clean & (kv_block <= q_block)
-    return (q_doc == kv_doc) & (noisy_noisy | noisy_clean | clean_clean)
+    # clean key: block strictly earlier for a noisy query, not later for a clean one;
+    # noisy key: same block, noisy query only
+    clean_key_ok = kv_block < q_block + q_clean.to(q_block.dtype)
+    noisy_key_ok = (kv_block == q_block) & ~q_clean
+    return (q_doc == kv_doc) & torch.where(kv_clean, clean_key_ok, noisy_key_ok)
 
 
 def dense_block_diffusion_mask(doc_ids: torch.Tensor, block_size: int) -> torch.Tensor:

@@ -88,4 +88,6 @@ class ModelNew(nn.Module):
         self.norm = nn.LayerNorm(dim)
 
     def forward(self, x, residual):
-        return add_ln_ext.add_layer_norm_forward(x, residual, self.norm.weight, self.norm.bias, self.norm.eps)
+        return add_ln_ext.add_layer_norm_forward(
+            x, residual, self.norm.weight, self.norm.bias, self.norm.eps
+        )

@@ -78,4 +78,6 @@ class ModelNew(nn.Module):
         self.scale = scale
 
     def forward(self, x, residual):
-        return bias_act_ext.bias_leakyrelu_residual_forward(x, residual, self.bias, self.negative_slope, self.scale)
+        return bias_act_ext.bias_leakyrelu_residual_forward(
+            x, residual, self.bias, self.negative_slope, self.scale
+        )

@@ -122,5 +122,11 @@ class ModelNew(nn.Module):
 
     def forward(self, x, h, c):
         return lstm_ext.lstm_cell_forward(
-            x, h, c, self.input_map.weight, self.input_map.bias, self.hidden_map.weight, self.hidden_map.bias
+            x,
+            h,
+            c,
+            self.input_map.weight,
+            self.input_map.bias,
+            self.hidden_map.weight,
+            self.hidden_map.bias,
         )

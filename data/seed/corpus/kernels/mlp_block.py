@@ -86,4 +86,6 @@ class ModelNew(nn.Module):
         self.fc2 = nn.Linear(hidden, dim)
 
     def forward(self, x):
-        return mlp_ext.mlp_block_forward(x, self.fc1.weight, self.fc1.bias, self.fc2.weight, self.fc2.bias)
+        return mlp_ext.mlp_block_forward(
+            x, self.fc1.weight, self.fc1.bias, self.fc2.weight, self.fc2.bias
+        )
