@@ -70,7 +70,8 @@ def suite_references(args) -> list[tuple[str, str]]:
         rows = pq.read_table(args.kernelbench).to_pylist()
         rows = [r for r in rows if r["level"] == args.level]
         rows.sort(key=lambda r: r["problem_id"])
-        return [(f"L{r['level']}_{r['name']}", r["code"]) for r in rows][: args.limit]
+        named = [(f"L{r['level']}_{r['name']}", r["code"]) for r in rows]
+        return named[:: args.every][: args.limit]
     found = []
     for folder in args.suite:
         for path in sorted(Path(folder).rglob("*.py")):
@@ -171,6 +172,7 @@ def main() -> None:
     parser.add_argument("--kernelbench", default=None, help="KernelBench parquet (levels 1-3)")
     parser.add_argument("--level", type=int, default=1)
     parser.add_argument("--limit", type=int, default=None)
+    parser.add_argument("--every", type=int, default=1, help="take every k-th problem")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--timing-trials", type=int, default=50)
     parser.add_argument("--cache-dir", default=".cache/dicepipe/builds")

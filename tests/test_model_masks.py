@@ -141,3 +141,4 @@ def test_block_causal_inference_mask():
         for j in range(6):
             expected = (2 <= j <= i) or (i == j)  # padding queries see themselves
             assert bool(causal[i, j]) == expected
+

@@ -92,7 +92,8 @@ def digest(path: Path) -> str:
     h = hashlib.sha256()
     files = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
     for f in files:
-        h.update(str(f.relative_to(path) if path.is_dir() else f.name).encode())
+        if path.is_dir():
+            h.update(str(f.relative_to(path)).encode())
         h.update(f.read_bytes())
     return h.hexdigest()
 
@@ -119,7 +120,7 @@ def test_dvc_repro_produces_every_output(dvc_workspace):
     import pyarrow.parquet as pq
 
     assert pq.read_table(ws / "data/cuke/seed/sft.parquet").num_rows > 0
-    status = sh([BIN / "dvc", "status"], ws)
+    status = sh([BIN / "dvc", "status", "--with-deps", "sft@tiny"], ws)
     assert "up to date" in status.stdout
 
 
@@ -143,10 +144,10 @@ def test_dvc_push_then_pull_on_a_second_clone(dvc_workspace, tmp_path):
     sh(["git", "clone", "-q", str(ws), str(clone)], tmp_path)
     (clone / ".cache").symlink_to(ws / ".cache")
     sh([BIN / "dvc", "remote", "add", "-d", "--local", "store", str(store)], clone)
-    sh([BIN / "dvc", "pull", "sft@tiny"], clone)
+    sh([BIN / "dvc", "pull", "--with-deps", "sft@tiny"], clone)
     for path in ["data/cuke/seed/sft.parquet", "data/verify/seed/measurements.parquet", TINY_TARGET]:
         assert digest(clone / path) == digest(ws / path), path
-    status = sh([BIN / "dvc", "status", "sft@tiny"], clone)
+    status = sh([BIN / "dvc", "status", "--with-deps", "sft@tiny"], clone)
     assert "up to date" in status.stdout, status.stdout
 
 

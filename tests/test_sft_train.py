@@ -147,3 +147,32 @@ def test_fsdp_on_two_processes_matches_one_process(short_params, tmp_path, repo_
     for key in one:
         torch.testing.assert_close(one[key], two[key], atol=1e-3, rtol=1e-3)
     assert one["lm_head.weight"].abs().sum() > 0
+
+
+def test_step_plan_assigns_every_micro_batch_once_per_epoch():
+    from dicepipe.train.data import StepPlan
+
+    plan = StepPlan(num_rows=10, batch_size=2, grad_accum=2, world_size=2, epochs=2, seed=0)
+    assert plan.micro_batches_per_epoch == 5 and plan.steps_per_epoch == 2 and plan.total_steps == 4
+    for epoch in range(2):
+        seen = []
+        for step in range(epoch * 2, epoch * 2 + 2):
+            for rank in range(2):
+                seen += [tuple(rows) for _, rows in plan.micro_batches(step, rank)]
+        assert len(seen) == 8  # 2 steps x 2 ranks x 2 accumulation slots
+        distinct = set(seen)
+        assert len(distinct) == 5  # every micro-batch, the last step wrapping around
+        assert sorted(r for mb in distinct for r in mb) == list(range(10))
+    assert plan.epoch_order(0) != plan.epoch_order(1)
+
+
+def test_changed_settings_do_not_resume_a_stale_checkpoint(short_params, tmp_path, one_thread):
+    data = tmp_path / "sft.parquet"
+    _write_split(data)
+    assert _run_stage(short_params, data, tmp_path / "run", stop_after=5) == 0
+    changed = copy.deepcopy(short_params)
+    changed["sft"]["overrides"]["tiny"]["learning_rate"] = 0.001
+    assert _run_stage(changed, data, tmp_path / "run") == 0
+    assert _run_stage(changed, data, tmp_path / "fresh") == 0
+    for name in ("model.safetensors",):
+        assert (tmp_path / "run" / "model" / name).read_bytes() == (tmp_path / "fresh" / "model" / name).read_bytes()

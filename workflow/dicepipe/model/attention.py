@@ -47,6 +47,7 @@ def sdpa_gqa(query, key, value, mask, scale, fold: bool | None = None):
         # keeps SDPA's masked (memory-efficient) kernel eligible, which enable_gqa may not.
         key = key.repeat_interleave(group, dim=1)
         value = value.repeat_interleave(group, dim=1)
+    if not fold:
         return F.scaled_dot_product_attention(query, key, value, attn_mask=mask, scale=scale)
     if group > 1:
         query = query.reshape(batch, kv_heads, group * q_len, dim)

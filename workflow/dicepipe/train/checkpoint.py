@@ -21,6 +21,25 @@ log = logging.getLogger(__name__)
 LATEST = "latest.json"
 
 
+FINGERPRINT = "fingerprint.txt"
+
+
+def claim_work_dir(work_dir: Path, fingerprint: str, env: DistEnv) -> None:
+    """Keep the checkpoints in `work_dir` only if they belong to this very run (same
+    settings, data, model and ranks); otherwise clear them, so that a leftover from a killed
+    run with other parameters is never resumed."""
+    work_dir = Path(work_dir)
+    if env.is_main:
+        marker = work_dir / FINGERPRINT
+        if work_dir.exists() and (not marker.is_file() or marker.read_text().strip() != fingerprint):
+            if latest_step(work_dir) is not None:
+                log.warning("%s holds checkpoints of a different run; starting afresh", work_dir)
+            shutil.rmtree(work_dir)
+        work_dir.mkdir(parents=True, exist_ok=True)
+        marker.write_text(fingerprint + "\n")
+    barrier(env)
+
+
 def _state(model, optimizer):
     from torch.distributed.checkpoint.state_dict import get_state_dict
 

@@ -101,6 +101,7 @@ def run_sft(loaded: LoadedModel, data: SFTData, settings: dict, paths: SFTPaths,
     plan = StepPlan(len(data.rows), settings["per_device_batch_size"], settings["grad_accum_steps"],
                     env.world_size, settings["epochs"], settings["seed"])
     warmup = warmup_steps(plan.total_steps, settings["warmup_ratio"])
+    checkpoint.claim_work_dir(paths.work_dir, run_fingerprint(settings, data, loaded, env), env)
     start = checkpoint.restore_checkpoint(paths.work_dir, model, optimizer)
     steps_log = StepLog(paths.metrics_dir / "steps.tsv", start, enabled=env.is_main)
     use_flex = use_flex_attention(settings, env)
@@ -118,6 +119,7 @@ def run_sft(loaded: LoadedModel, data: SFTData, settings: dict, paths: SFTPaths,
         with timer:
             stats = train_step(model, optimizer, batches, env=env, use_flex=use_flex, bf16=bf16,
                                max_grad_norm=settings["max_grad_norm"])
+        timer.tokens += stats["tokens"]
         row = {"step": step + 1, "epoch": step // plan.steps_per_epoch + 1, "learning_rate": lr,
                "tokens_per_s": stats["tokens"] / max(timer.last, 1e-9), **stats}
         if (step + 1) % settings["log_every_steps"] == 0 or step + 1 == plan.total_steps:
@@ -139,6 +141,22 @@ def run_sft(loaded: LoadedModel, data: SFTData, settings: dict, paths: SFTPaths,
             shutil.rmtree(paths.work_dir, ignore_errors=True)
     barrier(env)
     return summary
+
+
+def run_fingerprint(settings: dict, data: SFTData, loaded: LoadedModel, env: DistEnv) -> str:
+    """What a checkpoint must match to be resumed: the settings, the data, the model's
+    starting point and the number of ranks (a changed params.yaml starts afresh)."""
+    import hashlib
+    import json
+
+    digest = hashlib.sha256()
+    digest.update(json.dumps(settings, sort_keys=True).encode())
+    digest.update(json.dumps([[ex.input_ids, ex.labels] for ex in data.examples]).encode())
+    digest.update(json.dumps(data.rows).encode())
+    digest.update(loaded.model.config.to_json_string().encode())
+    digest.update(loaded.settings.to_json().encode())
+    digest.update(str(env.world_size).encode())
+    return digest.hexdigest()
 
 
 def _save_final(model, loaded, settings, paths, env, bf16) -> None:
@@ -163,7 +181,7 @@ def _summary(steps_log: StepLog, plan: StepPlan, data: SFTData, timer: _Timer, m
         "loss_final": losses[-1] if losses else None,
         "parameters": sum(p.numel() for p in model.parameters()),
         "train_time_s": round(timer.total, 3),
-        "tokens_per_s": round(data.num_tokens * plan.epochs / max(timer.total, 1e-9), 1),
+        "tokens_per_s": round(timer.tokens / max(timer.total, 1e-9), 1),  # this process's steps
     }
 
 
@@ -171,6 +189,7 @@ class _Timer:
     def __init__(self):
         self.total = 0.0
         self.last = 0.0
+        self.tokens = 0
 
     def __enter__(self):
         self._t0 = time.perf_counter()

@@ -1,7 +1,7 @@
 import torch
 import torch.nn as nn
 
-BATCH = 8
+BATCH = 4
 INPUT = 64
 HIDDEN = 64
 
