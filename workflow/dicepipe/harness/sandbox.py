@@ -246,6 +246,9 @@ def scrubbed_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     env.setdefault("LANG", "C.UTF-8")
     env.update({"PYTHONHASHSEED": "0", "PYTHONDONTWRITEBYTECODE": "1", "PYTHONNOUSERSITE": "1",
                 "PYTHONUNBUFFERED": "1", "NCCL_NVLS_ENABLE": "0",
+                # torch and a candidate extension each bring an OpenMP pool; spinning idle
+                # threads of one starve the other in interleaved timing.
+                "OMP_WAIT_POLICY": "PASSIVE",
                 "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"})
     env.update(extra or {})
     return env
