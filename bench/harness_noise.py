@@ -109,7 +109,10 @@ def run_synthetic(args, base: HarnessSettings) -> dict:
     for i in range(args.jobs):  # interleaved, so a capped run has both kinds
         jobs.append(Job(f"unchanged_{i:04d}", same_ref, same_cand, args.backend))
         jobs.append(Job(f"faster_{i:04d}", fast_ref, fast_cand, args.backend))
-    settings = dataclasses.replace(base, kernelbench_timing=True, repeats=1)
+    # The repeat rule decides "faster than 1.0": a clear case stops after one repeat, an
+    # unchanged kernel is measured `--synthetic-repeats` times and its trials pooled.
+    settings = dataclasses.replace(base, kernelbench_timing=True, repeats=args.synthetic_repeats,
+                                   decision_thresholds=(1.0,))
     start = time.monotonic()
     rows = evaluate_chunked(jobs, settings, args)
     unchanged = [r for r in rows if r["job_id"].startswith("unchanged") and r["correct"]]
@@ -122,11 +125,19 @@ def run_synthetic(args, base: HarnessSettings) -> dict:
         "unchanged_judged_slower_rate": rate([r["speedup_high"] < 1.0 for r in unchanged]),
         "unchanged_kernelbench_faster_rate": rate([r["kb_speedup"] > 1.0 for r in unchanged]),
         "unchanged_p95_abs_dev": p95([abs(r["speedup_median"] - 1) for r in unchanged]),
+        "unchanged_p95_abs_dev_first_repeat": p95([abs(r["speedup_repeats"][0] - 1)
+                                                   for r in unchanged]),
+        "unchanged_mean_repeats": statistics.fmean(r["num_repeats"] for r in unchanged)
+        if unchanged else None,
         "unchanged_kernelbench_p95_abs_dev": p95([abs(r["kb_speedup"] - 1) for r in unchanged]),
         "unchanged_median_ref_ms": statistics.median(r["ref_runtime_ms"][0] for r in unchanged)
         if unchanged else None,
         "faster_measured": len(faster),
         "faster_judged_faster_rate": rate([r["speedup_low"] > 1.0 for r in faster]),
+        "faster_judged_faster_first_repeat_rate": rate([r["speedup_low_repeats"][0] > 1.0
+                                                        for r in faster]),
+        "faster_mean_repeats": statistics.fmean(r["num_repeats"] for r in faster)
+        if faster else None,
         "faster_median_speedup": statistics.median(r["speedup_median"] for r in faster)
         if faster else None,
         "faster_kernelbench_faster_rate": rate([r["kb_speedup"] > 1.0 for r in faster]),
@@ -173,7 +184,11 @@ def main() -> None:
     parser.add_argument("--level", type=int, default=1)
     parser.add_argument("--limit", type=int, default=None)
     parser.add_argument("--every", type=int, default=1, help="take every k-th problem")
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--repeats", type=int, default=3, help="repeats for the suite part")
+    parser.add_argument("--synthetic-repeats", type=int, default=1,
+                        help="up to this many repeats per synthetic job (repeat rule at 1.0)")
+    parser.add_argument("--cpu-clock", choices=["cpu", "wall"], default="cpu")
+    parser.add_argument("--cpu-threads", type=int, default=1, help="0 = one per core")
     parser.add_argument("--timing-trials", type=int, default=50)
     parser.add_argument("--cache-dir", default=".cache/dicepipe/builds")
     parser.add_argument("--skip-synthetic", action="store_true")
@@ -187,11 +202,14 @@ def main() -> None:
     if args.numel is None:
         args.numel = 2**25 if args.backend == "cuda" else 2**20
     base = HarnessSettings(timing_trials=args.timing_trials, cache_dir=args.cache_dir,
-                           build_workers=2, use_pch=False)
+                           build_workers=2, use_pch=False, cpu_clock=args.cpu_clock,
+                           cpu_threads=args.cpu_threads)
     report = {"backend": args.backend, "machine": platform.node(), "cpu": platform.processor(),
               "settings": {"timing_trials": args.timing_trials,
                            "interval_confidence": base.interval_confidence,
-                           "timing_noise_floor": base.timing_noise_floor},
+                           "timing_noise_floor": base.timing_noise_floor,
+                           "cpu_clock": args.cpu_clock, "cpu_threads": args.cpu_threads,
+                           "synthetic_repeats": args.synthetic_repeats},
               "command": " ".join(sys.argv)}
     if not args.skip_synthetic and args.jobs > 0:
         report["synthetic"] = run_synthetic(args, base)

@@ -48,7 +48,8 @@ CASES = {
         "", "t = __import__('thread' + 'ing').Thread(target=lambda: None)\nt.start()\nt.join()\n"
             "return ext.relu_fwd(x)"), "flag_threads_streams"),
     "slows_the_reference": (RELU_REF, extension_candidate(
-        "torch.set_num_threads(1)", "return ext.relu_fwd(x)"), "flag_runtime_tampered"),
+        "torch.set_num_threads(torch.get_num_threads() + 1)", "return ext.relu_fwd(x)"),
+        "flag_runtime_tampered"),
 }
 
 

@@ -40,7 +40,7 @@ class _CandidateCalls:
 
 def run_timing(get_inputs, ref_model, cand_model, seed: int, settings: dict, device: str,
                counter, ctx) -> dict:
-    clock = Clock(device)
+    clock = Clock(device, settings.get("cpu_clock", "wall"))
     sample = C.draw_inputs(get_inputs, seed + 90_000, device)
     n_sets = _num_input_sets(sample, device, settings)
     del sample

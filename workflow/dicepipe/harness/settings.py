@@ -48,6 +48,8 @@ class HarnessSettings:
     timing_trials: int = 50
     launch_bound_floor_ms: float = 0.1
     cuda_graphs: bool = False
+    cpu_clock: str = "cpu"
+    cpu_threads: int = 1
     interval_confidence: float = 0.99
     timing_noise_floor: float = 0.002
     build_timeout_s: float = 300.0
@@ -71,6 +73,11 @@ class HarnessSettings:
             raise HarnessError(f"harness repeats={self.repeats}: expected at least 1.")
         if not self.decision_thresholds:
             raise HarnessError("harness decision_thresholds: expected at least one threshold.")
+        if self.cpu_clock not in ("wall", "cpu"):
+            raise HarnessError(f"harness.cpu_clock={self.cpu_clock!r}: expected 'wall' or 'cpu'.")
+        if self.cpu_threads < 0:
+            raise HarnessError(f"harness.cpu_threads={self.cpu_threads}: expected >= 0 "
+                               "(0 = torch's default, one per core).")
         if self.timing_trials < 3:
             raise HarnessError(f"harness.timing_trials={self.timing_trials}: expected >= 3.")
 
