@@ -1,8 +1,9 @@
 """Decoding throughput on one GPU with random SDAR-shaped models (bf16): block diffusion
 (block 4, 4 denoising steps per block, static remasking, greedy) through `Decoder` (CUDA
-graphs; optionally the per-token layer parts torch.compile'd), against
-the straightforward loop (no CUDA graphs, separate KV-write forward per block) and the
-autoregressive loop of the same engine. Stop tokens are off so every row writes all its
+graphs; optionally the per-token layer parts torch.compile'd; by default the Triton decode
+attention, fused q|k|v and gate|up projections and the output layer at masked positions
+only; "session1" cases switch those three off), against the straightforward loop (no CUDA
+graphs, separate KV-write forward per block) and the autoregressive loop of the same engine. Stop tokens are off so every row writes all its
 tokens: tokens/s = rows x new tokens / wall time of generate() (prefill included; graph
 capture and compilation excluded by Decoder.warm_up on the same shapes).
 
@@ -24,34 +25,43 @@ from dicepipe.model.shapes import SDAR_MASK_ID, SHAPES, qwen3_config, random_qwe
 
 
 def _case(name, shape, batch, mode="block", new_tokens=1024, graphs=True, fused=True,
-          temperature=0.0, strategy="static", compiled=False, attention="sdpa") -> dict:
+          temperature=0.0, strategy="static", compiled=False, attention="auto", proj=True,
+          masked=True, prompt_len=None) -> dict:
     return {"name": name, "shape": shape, "batch": batch, "mode": mode, "new_tokens": new_tokens,
             "graphs": graphs, "fused": fused, "temperature": temperature, "strategy": strategy,
-            "compiled": compiled, "attention": attention}
+            "compiled": compiled, "attention": attention, "fuse_projections": proj,
+            "masked_logits": masked, "prompt_len": prompt_len}
+
+
+def _session1(name, shape, batch, **kw) -> dict:
+    """The session-1 engine: SDPA over the key bucket, separate projections, full logits."""
+    return _case(name, shape, batch, attention="sdpa", proj=False, masked=False, **kw)
 
 
 CASES = [
-    _case("diffusion", "1.7b", 64),
+    # 0-9: session 2 (the table in bench/README.md)
+    _case("diffusion_compiled", "4b", 128, compiled=True),
+    _session1("diffusion_compiled_session1", "4b", 128, compiled=True),
     _case("diffusion_compiled", "1.7b", 64, compiled=True),
+    _session1("diffusion_compiled_session1", "1.7b", 64, compiled=True),
+    _case("diffusion_compiled", "1.7b", 1, compiled=True),
+    _session1("diffusion_compiled_session1", "1.7b", 1, compiled=True),
+    _case("autoregressive_compiled", "4b", 128, mode="ar", compiled=True),
+    _case("diffusion_compiled_triton_only", "4b", 128, compiled=True, proj=False, masked=False),
+    _case("diffusion_compiled_no_masked_logits", "4b", 128, compiled=True, masked=False),
+    _case("diffusion_compiled_prompt256", "4b", 128, compiled=True, prompt_len=256),
+    # 10-: session 1 cases (now with the session-2 defaults unless named session1)
+    _session1("straightforward_loop", "1.7b", 64, new_tokens=128, graphs=False, fused=False),
+    _session1("straightforward_loop", "1.7b", 1, new_tokens=64, graphs=False, fused=False),
+    _case("autoregressive_compiled", "1.7b", 64, mode="ar", compiled=True),
+    _case("autoregressive_compiled", "1.7b", 1, mode="ar", compiled=True),
+    _case("diffusion", "4b", 128),
+    _case("diffusion", "1.7b", 64),
+    _session1("autoregressive_compiled_session1", "4b", 128, mode="ar", compiled=True),
     _case("diffusion_sampled_t1", "1.7b", 64, temperature=1.0),
     _case("diffusion_dynamic", "1.7b", 64, strategy="dynamic"),
     _case("diffusion_unfused", "1.7b", 64, fused=False),
-    _case("diffusion", "1.7b", 1),
-    _case("straightforward_loop", "1.7b", 64, new_tokens=128, graphs=False, fused=False),
-    _case("straightforward_loop", "1.7b", 1, new_tokens=64, graphs=False, fused=False),
-    _case("autoregressive", "1.7b", 64, mode="ar"),
-    _case("autoregressive", "1.7b", 1, mode="ar"),
-    _case("autoregressive_eager", "1.7b", 64, mode="ar", new_tokens=128, graphs=False),
-    _case("diffusion", "4b", 128),
-    _case("diffusion_compiled", "4b", 128, compiled=True),
     _case("autoregressive", "4b", 128, mode="ar"),
-    _case("diffusion_compiled", "1.7b", 1, compiled=True),
-    _case("autoregressive_compiled", "1.7b", 64, mode="ar", compiled=True),
-    _case("autoregressive_compiled", "4b", 128, mode="ar", compiled=True),
-    _case("diffusion_compiled_matmul", "4b", 128, compiled=True, attention="matmul"),
-    _case("diffusion_compiled_matmul", "1.7b", 64, compiled=True, attention="matmul"),
-    _case("diffusion_compiled_matmul", "1.7b", 1, compiled=True, attention="matmul"),
-    _case("autoregressive_compiled_matmul", "4b", 128, mode="ar", compiled=True, attention="matmul"),
 ]
 
 
@@ -61,14 +71,48 @@ def prompts_for(batch: int, length: int, seed: int) -> list[list[int]]:
     return [torch.randint(0, 151643, (n,), generator=gen).tolist() for n in lengths]
 
 
-def run_case(models: dict, case: dict, prompt_len: int) -> dict:
+def profile_generate(decoder, prompts, cfg, path: str) -> dict:
+    """GPU time per kernel class over a short generate() (4 blocks after the prefill): where
+    a forward's time goes, CUDA-graph replays included."""
+    from torch.profiler import ProfilerActivity, profile
+
+    short = replace(cfg, max_new_tokens=16)
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        decoder.generate(prompts, short)
+        torch.cuda.synchronize()
+    wall = time.perf_counter() - t0
+    classes = {"matmul": ("gemm", "nvjet", "cutlass", "xmma", "sm90"), "attention": ("attend", "combine", "fmha", "attention"),
+               "qkv_epilogue": ("qkv_epilogue",), "sampling": ("greedy", "sort", "scatter"), "inductor": ("triton_",)}
+    totals = {"other": 0.0}
+    rows = []
+    for event in prof.key_averages():
+        us = getattr(event, "device_time_total", None) or getattr(event, "cuda_time_total", 0.0)
+        if not us or event.key.startswith("ProfilerStep"):
+            continue
+        rows.append((us, event.count, event.key))
+        name = event.key.lower()
+        label = next((k for k, keys in classes.items() if any(x in name for x in keys)), "other")
+        totals[label] = totals.get(label, 0.0) + us / 1e3
+    rows.sort(reverse=True)
+    with open(path, "w") as fh:
+        fh.write(f"wall {wall * 1e3:.1f} ms, forwards {decoder.engine.forwards}; totals (ms): {json.dumps(totals)}\n")
+        for us, count, key in rows[:60]:
+            fh.write(f"{us / 1e3:10.2f} ms {count:7d}  {key[:150]}\n")
+    return {"profile_wall_ms": wall * 1e3, "profile_ms_by_class": totals}
+
+
+def run_case(models: dict, case: dict, prompt_len: int, profile_path: str | None = None) -> dict:
     lm = models[case["shape"]]
+    prompt_len = case["prompt_len"] or prompt_len
     causal = case["mode"] == "ar"
     settings = BlockSettings(block_size=1 if causal else 4, mask_token_id=None if causal else SDAR_MASK_ID,
                              pad_token_id=151643, stop_token_ids=(151645, 151643), causal=causal)
     graphs, batch = case["graphs"], case["batch"]
     decoder = Decoder(lm, settings, cuda_graphs=graphs, compile_layers=case["compiled"],
-                      attention=case["attention"])
+                      attention=case["attention"], fuse_projections=case["fuse_projections"],
+                      masked_logits=case["masked_logits"])
     cfg = DecodeSettings(max_new_tokens=case["new_tokens"], denoising_steps=4, strategy=case["strategy"],
                          temperature=case["temperature"], top_k=0, stop_at_end=False,
                          fuse_commit=case["fused"])
@@ -88,6 +132,11 @@ def run_case(models: dict, case: dict, prompt_len: int) -> dict:
            "ms_per_forward": 1000 * wall / max(result.forwards, 1),
            "graphs_captured": len(decoder.engine.graphs) if decoder.engine else 0,
            "peak_gib": torch.cuda.max_memory_allocated() / 2**30}
+    if profile_path:
+        try:
+            out.update(profile_generate(decoder, prompts, cfg, profile_path))
+        except Exception as exc:  # noqa: BLE001 (diagnostics only; keep the timing)
+            out["profile_error"] = f"{type(exc).__name__}: {exc}"[:300]
     del decoder
     gc.collect()
     torch.cuda.empty_cache()
@@ -99,11 +148,13 @@ def main() -> None:
     parser.add_argument("--out", required=True)
     parser.add_argument("--prompt-len", type=int, default=512)
     parser.add_argument("--only", nargs="*", default=None, help="case indices to run, in this order")
+    parser.add_argument("--profile", nargs="*", default=[], help="case indices to profile too (kernel times)")
     args = parser.parse_args()
-    cases = CASES if args.only is None else [CASES[int(i)] for i in args.only]  # in the order given
+    indices = range(len(CASES)) if args.only is None else [int(i) for i in args.only]  # in the order given
     results = {"prompt_len": args.prompt_len, "runs": []}
     models: dict = {}
-    for case in cases:
+    for index in indices:
+        case = CASES[index]
         shape = case["shape"]
         if shape not in models:
             for key in list(models):  # one model on the GPU at a time
@@ -113,7 +164,8 @@ def main() -> None:
             models[shape] = random_qwen3(qwen3_config(SHAPES[shape]), dtype=torch.bfloat16, device="cuda")
         torch.cuda.reset_peak_memory_stats()
         try:
-            run = run_case(models, case, args.prompt_len)
+            profile_path = f"{args.out}.profile{index}.txt" if str(index) in args.profile else None
+            run = run_case(models, case, args.prompt_len, profile_path)
         except Exception as exc:  # noqa: BLE001 (a failing case is reported, the rest still run)
             run = {"case": case["name"], "shape": shape, "batch": case["batch"], "error": f"{type(exc).__name__}: {exc}"[:500]}
             gc.collect()
@@ -122,12 +174,12 @@ def main() -> None:
         print(json.dumps(run), flush=True)
         with open(args.out, "w") as fh:
             json.dump(results, fh, indent=2)
-    print(f"\n{'case':>22} {'shape':>5} {'batch':>5} {'tokens':>6} {'tok/s':>9} {'ms/fwd':>7} {'fwd':>5}")
+    print(f"\n{'case':>36} {'shape':>5} {'batch':>5} {'tokens':>6} {'tok/s':>9} {'ms/fwd':>7} {'fwd':>5}")
     for run in results["runs"]:
         if "error" in run:
-            print(f"{run['case']:>22} {run['shape']:>5} {run['batch']:>5} ERROR {run['error'][:70]}")
+            print(f"{run['case']:>36} {run['shape']:>5} {run['batch']:>5} ERROR {run['error'][:70]}")
         else:
-            print(f"{run['case']:>22} {run['shape']:>5} {run['batch']:>5} {run['tokens']:>6} "
+            print(f"{run['case']:>36} {run['shape']:>5} {run['batch']:>5} {run['tokens']:>6} "
                   f"{run['tokens_per_s']:>9.0f} {run['ms_per_forward']:>7.2f} {run['forwards']:>5}")
 
 

@@ -95,6 +95,33 @@ def test_decoding_records_every_token_and_step(lm):
     assert [g.token_ids for g in again.generations] == [g.token_ids for g in result.generations]
 
 
+@pytest.mark.parametrize("lengths", [[5, 8, 11], [6, 10]])  # mixed tails; equal tails (2)
+@pytest.mark.parametrize("strategy", ["static", "sequential"])
+def test_fused_projections_and_masked_logits_keep_the_tokens(lm, lengths, strategy):
+    """Output layer at the still-masked positions only and fused q|k|v, gate|up weights:
+    the same tokens and steps as full logits through the stock layers."""
+    prompts = _prompts(lengths, seed=11)
+    cfg = DecodeSettings(max_new_tokens=13, temperature=0, strategy=strategy, stop_at_end=False)
+    plain = Decoder(lm, _settings(), fuse_projections=False, masked_logits=False).generate(prompts, cfg)
+    fast_decoder = Decoder(lm, _settings())
+    fast = fast_decoder.generate(prompts, cfg)
+    assert fast_decoder.engine.fused is not None
+    assert [g.token_ids for g in fast.generations] == [g.token_ids for g in plain.generations]
+    assert [g.unmask_steps for g in fast.generations] == [g.unmask_steps for g in plain.generations]
+    assert fast_decoder._selected_counts(4, cfg) == [4, 3, 2, 1]
+
+
+def test_engine_logits_at_selected_positions_equal_full_logits(lm):
+    engine = Decoder(lm, _settings())._engine(2, 16)
+    engine.begin(torch.tensor([0, 4]))
+    engine.prefill(torch.tensor(_prompts([8, 8], seed=2)))
+    block = torch.tensor(_prompts([4, 4], seed=4))
+    full = engine.forward(block, 8, 4)
+    select = torch.tensor([[0, 3], [1, 2]])
+    part = engine.forward(block, 8, 4, select)
+    torch.testing.assert_close(part, torch.gather(full, 1, select[:, :, None].expand(-1, -1, full.shape[-1])))
+
+
 def test_training_layout_matches_inference_for_a_partly_masked_block(lm):
     block_size = 4
     ids = _prompts([16], seed=3)[0]

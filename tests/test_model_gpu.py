@@ -7,6 +7,7 @@ import copy
 
 import pytest
 import torch
+import torch.nn.functional as F
 from dicepipe.model.decode import Decoder, DecodeSettings
 from dicepipe.model.layout import build_rows, make_train_batch
 from dicepipe.model.objective import BlockDiffusionLM
@@ -62,6 +63,98 @@ def test_compiled_graph_decoding_matches_eager():
     compiled.warm_up(prompts, cfg)
     out = compiled.generate(prompts, cfg)
     assert [g.token_ids for g in out.generations] == [g.token_ids for g in eager.generations]
+
+
+def _reference_attention(query, keys, values, pad, start, block_size, scale):
+    from dicepipe.model.masks import block_causal_mask
+
+    group = query.shape[1] // keys.shape[1]
+    end = start + query.shape[2]
+    mask = block_causal_mask(pad, start, query.shape[2], end, block_size)
+    keys, values = (t[:, :, :end].float().repeat_interleave(group, 1) for t in (keys, values))
+    return F.scaled_dot_product_attention(query.float(), keys, values, attn_mask=mask, scale=scale)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("heads,q_len,block_size", [((4, 2), 4, 4), ((8, 2), 8, 4), ((4, 1), 1, 1), ((2, 2), 8, 4)])
+def test_decode_attention_kernel_matches_sdpa(dtype, heads, q_len, block_size):
+    """Ragged rows (left padding), queries inside their block, split and unsplit keys."""
+    from dicepipe.model import decode_kernels
+
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    q_heads, kv_heads = heads
+    rows, dim, length = 5, 128, 700
+    pads = torch.tensor([0, 4, 28, 160, 12], device="cuda") // block_size * block_size
+    for start in (block_size * 2, 164, 517 // block_size * block_size):
+        query = torch.randn(rows, q_len, q_heads, dim, generator=gen, device="cuda").to(dtype).transpose(1, 2)
+        keys = torch.randn(rows, kv_heads, length, dim, generator=gen, device="cuda").to(dtype)
+        values = torch.randn(rows, kv_heads, length, dim, generator=gen, device="cuda").to(dtype)
+        ref = _reference_attention(query, keys, values, pads, start, block_size, 0.088)
+        for splits in (1, 3):
+            config = {"block_n": 64, "splits": splits, "num_warps": 4, "num_stages": 3}
+            out = decode_kernels.decode_attention(query, keys, values, pads, torch.tensor(start, device="cuda"),
+                                                  block_size, 0.088, 768, config)
+            tol = 1e-5 if dtype == torch.float32 else 2e-2
+            torch.testing.assert_close(out.float(), ref, atol=tol, rtol=tol)
+    # the default launch parameters too (split for a small batch)
+    out = decode_kernels.decode_attention(query, keys, values, pads, torch.tensor(start, device="cuda"),
+                                          block_size, 0.088, 768)
+    torch.testing.assert_close(out.float(), ref, atol=tol, rtol=tol)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_greedy_pick_matches_softmax_max(dtype):
+    from dicepipe.model import decode_kernels
+
+    logits = (3 * torch.randn(37, 151936, device="cuda")).to(dtype)
+    logits[3, 100] = logits[3, 90_000] = 40.0  # tie: the lower index wins
+    tokens, confidence = decode_kernels.greedy_pick(logits)
+    ref_conf, ref_tokens = torch.softmax(logits.float(), dim=-1).max(dim=-1)
+    assert tokens.tolist() == ref_tokens.tolist() and int(tokens[3]) == 100
+    torch.testing.assert_close(confidence, ref_conf, atol=1e-6, rtol=1e-5)
+
+
+def test_qkv_epilogue_matches_the_stock_layer_in_bf16():
+    from dicepipe.model import decode_kernels
+    from dicepipe.model.kv_engine import KVCacheEngine
+    from dicepipe.model.layer_parts import pre_attention, qkv_projection
+
+    lm = random_qwen3(qwen3_config({**SHAPE, "head_dim": 32}, vocab_size=97), seed=2, device="cuda",
+                      dtype=torch.bfloat16)
+    engine = KVCacheEngine(lm, 4, 3, 64)
+    engine.begin(torch.tensor([0, 4, 8]))
+    layer, start = lm.model.layers[1], 12
+    hidden = torch.randn(3, 8, SHAPE["hidden_size"], device="cuda", dtype=torch.bfloat16)
+    cols = torch.arange(8, device="cuda") + start
+    positions = (cols[None] - engine.pad[:3, None]).clamp(min=0)
+    query, key, value = pre_attention(layer, hidden, engine.cos[positions][:, None],
+                                      engine.sin[positions][:, None], 32, torch.bfloat16)
+    qkv = qkv_projection(layer, engine.fused.qkv[1], None, hidden)
+    attn = layer.self_attn
+    got = decode_kernels.qkv_epilogue(qkv, engine.pad[:3], torch.tensor(start, device="cuda"), engine.cos,
+                                      engine.sin, attn.q_norm, attn.k_norm, engine.keys[1][:3],
+                                      engine.values[1][:3], 4, 2, 32)
+    for a, b in ((got, query), (engine.keys[1][:3, :, start:start + 8], key),
+                 (engine.values[1][:3, :, start:start + 8], value)):
+        torch.testing.assert_close(a.float(), b.float(), atol=3e-2, rtol=2e-2)
+    assert not engine.keys[1][:3, :, : start].any()  # nothing written outside the columns
+
+
+def test_fast_decode_paths_match_the_plain_engine():
+    """Triton attention, fused projections, logits at masked positions only, under CUDA
+    graphs (fp32) against SDPA with the stock layers and full logits, eagerly."""
+    lm = _model()
+    prompts = _prompts([9, 30, 17, 4, 12, 16, 5])
+    for strategy in ("static", "sequential"):
+        cfg = DecodeSettings(max_new_tokens=90, temperature=0, strategy=strategy, stop_at_end=False)
+        plain = Decoder(lm, SETTINGS, cuda_graphs=False, attention="sdpa", fuse_projections=False,
+                        masked_logits=False).generate(prompts, cfg)
+        fast_decoder = Decoder(lm, SETTINGS, cuda_graphs=True)
+        fast = fast_decoder.generate(prompts, cfg)
+        assert fast_decoder.engine.attention == "triton" and fast_decoder.engine.epilogue
+        assert any(key[-1] for key in fast_decoder.engine.graphs)  # selected-logits graphs ran
+        assert [g.token_ids for g in fast.generations] == [g.token_ids for g in plain.generations]
+        assert [g.unmask_steps for g in fast.generations] == [g.unmask_steps for g in plain.generations]
 
 
 def test_sampled_decoding_is_reproducible_with_graphs():

@@ -8,6 +8,9 @@ positions per step (static / dynamic / sequential); the finished block's keys/va
 then written by one more forward, which here is fused with the first step of the next
 block (one forward of 2 blocks, the first clean), so a block costs `steps` forwards, not
 `steps + 1`. Rows stop at a stop token (checked after each block) and leave the batch.
+With static or sequential remasking every row of a fresh block has the same number of
+masked positions at each step, known on the host, so the output layer runs at those
+positions only (`masked_logits`), in a shape that stays fixed for the CUDA graphs.
 
 Every generated token keeps its id and the global denoising step that committed it.
 """
@@ -108,7 +111,8 @@ class Decoder:
     """Decodes with one model; keeps its KV engine (and captured CUDA graphs) between calls."""
 
     def __init__(self, lm, settings: BlockSettings, *, cuda_graphs: bool | None = None,
-                 len_bucket: int = 128, compile_layers: bool = False, attention: str = "sdpa"):
+                 len_bucket: int = 128, compile_layers: bool = False, attention: str = "auto",
+                 fuse_projections: bool = True, masked_logits: bool = True):
         self.lm = lm
         self.settings = settings
         self.device = next(lm.parameters()).device
@@ -116,6 +120,8 @@ class Decoder:
         self.len_bucket = len_bucket
         self.compile_layers = compile_layers
         self.attention = attention
+        self.fuse_projections = fuse_projections
+        self.masked_logits = masked_logits
         self.engine: KVCacheEngine | None = None
 
     def _engine(self, rows: int, length: int) -> KVCacheEngine:
@@ -126,7 +132,8 @@ class Decoder:
                 torch.cuda.empty_cache()
             self.engine = KVCacheEngine(self.lm, self.settings.block_size, rows, length,
                                         cuda_graphs=self.cuda_graphs, len_bucket=self.len_bucket,
-                                        compile_layers=self.compile_layers, attention=self.attention)
+                                        compile_layers=self.compile_layers, attention=self.attention,
+                                        fuse_projections=self.fuse_projections)
         self.engine.forwards = 0
         return self.engine
 
@@ -137,20 +144,22 @@ class Decoder:
         size = self.settings.block_size
         if self.settings.causal:
             first, total = max(map(len, prompts)), max(map(len, prompts)) + cfg.max_new_tokens
-            shapes = [(1, 1)]
+            shapes = [(1, 1, 0)]
         else:
             plan = _BlockPlan.make(prompts, size, cfg.max_new_tokens)
             first, total = plan.prefix_len, plan.total_len
-            shapes = [(size, size), (2 * size, size) if cfg.fuse_commit else (size, 0)]
+            shapes = [(size, size, 0), (2 * size, size, 0) if cfg.fuse_commit else (size, 0, 0)]
+            shapes += [(size, size, n) for n in self._selected_counts(size, cfg) if n < size]
         eng = self._engine(len(prompts), total)
         eng.begin(torch.zeros(len(prompts), dtype=torch.long))
         for key_len in range(eng.len_bucket, eng.max_len + 1, eng.len_bucket):
-            for q, logits_last in shapes:
+            for q, logits_last, n in shapes:
                 start = min(key_len, total) - q
                 start -= start % size
                 if start >= first and eng._key_len(start + q) == key_len:
                     tokens = torch.zeros((len(prompts), q), dtype=torch.long, device=self.device)
-                    eng.forward(tokens, start, logits_last)
+                    select = torch.zeros((len(prompts), n), dtype=torch.long, device=self.device) if n else None
+                    eng.forward(tokens, start, logits_last, select)
         if self.device.type == "cuda":
             torch.cuda.synchronize()
 
@@ -174,23 +183,30 @@ class Decoder:
         out_tokens = torch.full((len(prompts), plan.num_blocks * size), pad_id, device=self.device)
         out_steps = torch.full_like(out_tokens, -1)
         rows = torch.arange(len(prompts), device=self.device)
+        rows_host = torch.arange(len(prompts))
         block = plan.first_block(prompts, self.settings.mask_token_id).to(self.device)
         state = _BlockState(prev=None, step=0, record=[] if record else None)
+        tails = plan.tails()
         for index in range(plan.num_blocks):
             start = plan.prefix_len + index * size
-            block, steps = self._denoise_block(eng, block, start, cfg, state, generator, rows)
+            if index == 0:  # rows differ in their prompt tails unless all tails are equal
+                fresh = size - tails[0] if len(set(tails)) == 1 else None
+            else:
+                fresh = size
+            block, steps = self._denoise_block(eng, block, start, cfg, state, generator, rows, fresh)
             out_tokens[rows, index * size : (index + 1) * size] = block
             out_steps[rows, index * size : (index + 1) * size] = steps
             if index == plan.num_blocks - 1:
                 self._record_last(eng, block, start, rows, index, state)
                 break
-            done = self._rows_done(block, index, plan, rows, cfg)
+            done = self._rows_done(block, index, plan, rows_host, cfg)
             if bool(done.all()):
                 break
             if bool(done.any()):
                 keep = (~done).nonzero().flatten()
                 eng.keep_rows(keep)
-                rows, block = rows[keep], block[keep]
+                rows_host = rows_host[keep]
+                rows, block = rows[keep.to(self.device)], block[keep.to(self.device)]
             if not cfg.fuse_commit:
                 self._commit(eng, block, start, rows, index, state)
             state.prev = (block, rows, index) if cfg.fuse_commit else None
@@ -198,17 +214,39 @@ class Decoder:
         gens = _collect(out_tokens, out_steps, plan.tails(), cfg, self.settings.stop_token_ids)
         return DecodeResult(gens, eng.forwards, state.record or [])
 
-    def _denoise_block(self, eng, block, start, cfg, state, generator, rows):
+    def _selected_counts(self, masked: int, cfg: DecodeSettings) -> list[int]:
+        """Masked positions before each step of a block with `masked` masked positions in
+        every row (static/sequential); [] where the counts are not known on the host."""
+        if not self.masked_logits or cfg.strategy not in ("static", "sequential"):
+            return []
+        steps = min(cfg.denoising_steps, self.settings.block_size)
+        schedule = transfer_schedule(torch.tensor([masked]), cfg.denoising_steps)[0].tolist()
+        counts, left = [], masked
+        for i in range(steps):
+            counts.append(left)
+            left -= left if i == steps - 1 else schedule[i]
+        return counts
+
+    def _denoise_block(self, eng, block, start, cfg, state, generator, rows, fresh: int | None):
         masked = block == self.settings.mask_token_id
         schedule = transfer_schedule(masked.sum(dim=1), cfg.denoising_steps)
         iterations = min(cfg.denoising_steps, self.settings.block_size)
+        counts = self._selected_counts(fresh, cfg) if fresh is not None and state.record is None else []
         steps = torch.full_like(block, -1)
         for i in range(iterations):
-            logits = self._block_logits(eng, block, start, state if i == 0 else None, rows)
+            select = None
+            if counts and 0 < counts[i] < block.shape[1]:
+                select = _masked_positions(masked, counts[i])
+            logits = self._block_logits(eng, block, start, state if i == 0 else None, rows, select)
             vocab = logits.shape[-1]
             tokens, confidence = sample_tokens(logits.reshape(-1, vocab), cfg.temperature, cfg.top_k,
                                                cfg.top_p, generator)
-            tokens, confidence = tokens.view_as(block), confidence.view_as(block)
+            if select is None:
+                tokens, confidence = tokens.view_as(block), confidence.view_as(block)
+            else:  # back to block positions; unselected positions are not masked, never chosen
+                tokens = block.scatter(1, select, tokens.view_as(select))
+                confidence = torch.zeros(block.shape, dtype=confidence.dtype, device=block.device).scatter_(
+                    1, select, confidence.view_as(select))
             last = i == iterations - 1
             count = masked.sum(dim=1) if last else schedule[:, i]
             if cfg.strategy == "dynamic":
@@ -222,10 +260,10 @@ class Decoder:
                 break
         return block, steps
 
-    def _block_logits(self, eng, block, start, state, rows):
+    def _block_logits(self, eng, block, start, state, rows, select=None):
         size = self.settings.block_size
         if state is None or state.prev is None:
-            return eng.forward(block, start, size)
+            return eng.forward(block, start, size, select)
         prev_block, prev_rows, prev_index = state.prev
         recording = state.record is not None
         logits = eng.forward(torch.cat([prev_block, block], dim=1), start - size,
@@ -245,18 +283,19 @@ class Decoder:
         if state.record is not None:
             self._commit(eng, block, start, rows, index, state)
 
-    def _rows_done(self, block, index, plan, rows, cfg) -> torch.Tensor:
-        """Rows that hit a stop token in this block or have max_new_tokens; on the host."""
+    def _rows_done(self, block, index, plan, rows_host, cfg) -> torch.Tensor:
+        """Rows that hit a stop token in this block or have max_new_tokens; on the host.
+        Without stop tokens this needs nothing from the GPU, so the host never waits for it
+        and keeps the GPU's queue full across blocks."""
         size = self.settings.block_size
-        tails = torch.tensor(plan.tails(), device=self.device)[rows]
-        generated = (index + 1) * size - tails
-        done = generated >= cfg.max_new_tokens
+        tails = torch.tensor(plan.tails())[rows_host]
+        done = (index + 1) * size - tails >= cfg.max_new_tokens
         if cfg.stop_at_end:
             stops = torch.tensor(self.settings.stop_token_ids, device=self.device)
             col = torch.arange(size, device=self.device)[None, :]
-            fresh = col >= (tails[:, None] if index == 0 else torch.zeros_like(tails)[:, None])
-            done = done | (torch.isin(block, stops) & fresh).any(dim=1)
-        return done.cpu()
+            first = tails.to(self.device)[:, None] if index == 0 else torch.zeros((1, 1), dtype=torch.long, device=self.device)
+            done = done | (torch.isin(block, stops) & (col >= first)).any(dim=1).cpu()
+        return done
 
     # --- autoregressive ---------------------------------------------------------------
     def _generate_autoregressive(self, prompts, cfg: DecodeSettings) -> DecodeResult:
@@ -290,6 +329,12 @@ class Decoder:
         steps = torch.arange(cfg.max_new_tokens, device=self.device).expand_as(out)
         gens = _collect(out, steps, [0] * len(prompts), cfg, self.settings.stop_token_ids)
         return DecodeResult(gens, eng.forwards)
+
+
+def _masked_positions(masked: torch.Tensor, count: int) -> torch.Tensor:
+    """(rows, count) ascending columns of the masked positions; every row has `count`."""
+    col = torch.arange(masked.shape[1], device=masked.device).expand_as(masked)
+    return torch.where(masked, col, col + masked.shape[1]).sort(dim=1).values[:, :count]
 
 
 @dataclass

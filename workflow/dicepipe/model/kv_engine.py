@@ -1,9 +1,13 @@
 """Forward passes of a transformers Qwen3ForCausalLM over a preallocated KV cache.
 
-Decoding runs the stock submodules (norms, projections, MLP) of the transformers model;
-only attention and the cache are ours: keys/values live in one static buffer per layer,
-each forward writes its tokens' keys/values at their canvas columns and attends over the
-cache under the block-causal mask (masks.block_causal_mask). Static shapes let a forward be
+Decoding runs the stock submodules (norms, MLP) of the transformers model, with the q|k|v
+and gate|up projections optionally fused (layer_parts); attention and the cache are ours:
+keys/values live in one static buffer per layer, each forward writes its tokens'
+keys/values at their canvas columns and attends over the cache under the block-causal mask
+(masks.block_causal_mask): on CUDA short forwards use the split-KV Triton kernel
+(decode_kernels), which reads each row's visible keys only; prefill and the CPU use SDPA
+with the dense mask. The output layer can be restricted to chosen positions (the ones still
+masked), with a fixed count per forward so shapes stay static. Static shapes let a forward be
 captured once as a CUDA graph per (batch bucket, query length, key-length bucket) and
 replayed: the per-block step is launch-bound otherwise. Finished rows are dropped by moving
 the remaining rows to the front of the cache (`keep_rows`).
@@ -11,23 +15,28 @@ the remaining rows to the front of the cache (`keep_rows`).
 
 from __future__ import annotations
 
-import functools
 import math
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
+from . import decode_kernels
+from .layer_parts import (
+    FusedWeights,
+    compiled_parts,
+    post_attention,
+    post_attention_fused,
+    pre_attention,
+    pre_attention_fused,
+    qkv_projection,
+)
 from .masks import block_causal_mask
 
 # Bound on (rows x grouped queries x keys) per prefill chunk: the boolean mask, and the
 # float mask SDPA may derive from it, stay a few hundred MB.
 PREFILL_MASK_ELEMENTS = 1 << 27
-
-
-def _rotate_half(x):
-    half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+ATTENTION_CHOICES = ("auto", "triton", "sdpa", "matmul")
 
 
 def _batch_buckets(max_batch: int) -> list[int]:
@@ -43,13 +52,14 @@ def _batch_buckets(max_batch: int) -> list[int]:
 class _Graph:
     graph: object
     tokens: torch.Tensor
+    select: torch.Tensor | None
     logits: torch.Tensor | None
 
 
 class KVCacheEngine:
     def __init__(self, lm, block_size: int, max_batch: int, max_len: int, *,
                  cuda_graphs: bool = False, len_bucket: int = 128, compile_layers: bool = False,
-                 attention: str = "sdpa"):
+                 attention: str = "auto", fuse_projections: bool = True):
         self.lm = lm
         self.inner = lm.model
         self.block_size = block_size
@@ -76,12 +86,21 @@ class KVCacheEngine:
         # Optionally the per-token parts of a layer (norms, projections, RoPE, MLP) compiled
         # for the short decode forwards, fusing their many small kernels; prefill stays eager.
         self.compiled_max_query = 2 * block_size
-        self.compiled = _compiled_layer_parts() if compile_layers else None
-        if attention not in ("sdpa", "matmul"):
-            raise ValueError(f"attention {attention!r}: expected 'sdpa' or 'matmul'")
-        # "matmul": short (decode) forwards attend with two batched matmuls and a softmax,
-        # which read the cache at close to full bandwidth where SDPA's masked kernel may not.
+        self.fused = FusedWeights(self.inner.layers) if fuse_projections else None
+        self.compiled = compiled_parts(self.fused is not None) if compile_layers else None
+        if attention not in ATTENTION_CHOICES:
+            raise ValueError(f"attention {attention!r}: expected one of {ATTENTION_CHOICES}")
+        if attention == "auto":
+            attention = "triton" if self.device.type == "cuda" and decode_kernels.available() else "sdpa"
+        if attention == "triton" and self.device.type != "cuda":
+            raise ValueError("attention 'triton' needs a CUDA model; use 'sdpa' on the CPU")
+        # Short (decode) forwards: "triton" = decode_kernels.decode_attention; "matmul" = two
+        # batched matmuls and a softmax over the key bucket; "sdpa" = SDPA's masked kernel.
         self.attention = attention
+        # With both: norm + one q|k|v matmul, then one kernel for q/k norms, RoPE and the
+        # cache write (decode_kernels.qkv_epilogue).
+        self.epilogue = attention == "triton" and self.fused is not None
+        self.q_heads, self.kv_heads = config.num_attention_heads, config.num_key_value_heads
 
     def _rope_tables(self):
         positions = torch.arange(self.max_len, device=self.device)[None]
@@ -98,6 +117,8 @@ class KVCacheEngine:
             raise ValueError(f"batch {rows} exceeds the engine's max_batch {self.max_batch}")
         self.pad[:rows] = pad_offsets.to(self.device)
         self.filled = 0
+        if self.fused is not None:
+            self.fused.refresh()
 
     def keep_rows(self, keep: torch.Tensor) -> None:
         """Move rows `keep` (ascending row indices) to the front; others are dropped."""
@@ -117,28 +138,35 @@ class KVCacheEngine:
         outputs = []
         for r0 in range(0, rows, chunk):
             part = tokens[r0 : r0 + chunk].to(self.device)
-            out = self._run(part, 0, slice(r0, r0 + len(part)), self._key_len(length), logits_last)
+            self.start_col.fill_(0)  # a tensor: short prompts take the decode attention kernel
+            out = self._run(part, self.start_col, slice(r0, r0 + len(part)), self._key_len(length),
+                            logits_last, None)
             outputs.append(out)
         self.forwards += 1
         self.filled = max(self.filled, length)
         return torch.cat(outputs) if logits_last else None
 
     @torch.no_grad()
-    def forward(self, tokens: torch.Tensor, start: int, logits_last: int):
+    def forward(self, tokens: torch.Tensor, start: int, logits_last: int,
+                select: torch.Tensor | None = None):
         """Forward `tokens` (rows, q) at columns [start, start+q) for the first `rows` rows;
-        returns logits (rows, logits_last, V) of the last positions (None if 0)."""
+        returns logits (rows, logits_last, V) of the last positions (None if 0), or with
+        `select` (rows, n) indices into those last positions, logits (rows, n, V) there."""
         rows, q = tokens.shape
         key_len = self._key_len(start + q)
         self.forwards += 1
         self.filled = max(self.filled, start + q)
         if not self.cuda_graphs:
             self.start_col.fill_(start)
-            return self._run(tokens, self.start_col, slice(0, rows), key_len, logits_last)
+            return self._run(tokens, self.start_col, slice(0, rows), key_len, logits_last, select)
         batch = next(b for b in self.buckets if b >= rows)
-        entry = self.graphs.get((batch, q, key_len, logits_last))
+        n_select = 0 if select is None else select.shape[1]
+        entry = self.graphs.get((batch, q, key_len, logits_last, n_select))
         if entry is None:
-            entry = self._capture(tokens, start, batch, key_len, logits_last)
+            entry = self._capture(tokens, start, batch, key_len, logits_last, select)
         entry.tokens[:rows].copy_(tokens)
+        if select is not None:
+            entry.select[:rows].copy_(select)
         self.start_col.fill_(start)
         entry.graph.replay()
         return None if entry.logits is None else entry.logits[:rows]
@@ -146,47 +174,86 @@ class KVCacheEngine:
     def _key_len(self, end: int) -> int:
         return min(self.max_len, math.ceil(end / self.len_bucket) * self.len_bucket)
 
-    def _capture(self, tokens, start, batch, key_len, logits_last) -> _Graph:
+    def _capture(self, tokens, start, batch, key_len, logits_last, select) -> _Graph:
         static_tokens = torch.zeros((batch, tokens.shape[1]), dtype=torch.long, device=self.device)
         static_tokens[: len(tokens)].copy_(tokens)
+        static_select = None
+        if select is not None:  # rows past the real ones pick position 0: valid, unused
+            static_select = torch.zeros((batch, select.shape[1]), dtype=torch.long, device=self.device)
+            static_select[: len(select)].copy_(select)
         self.start_col.fill_(start)
         rows = slice(0, batch)
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):  # warm-up: kernels pick their algorithms outside capture
             for _ in range(2):
-                self._run(static_tokens, self.start_col, rows, key_len, logits_last)
+                self._run(static_tokens, self.start_col, rows, key_len, logits_last, static_select)
         torch.cuda.current_stream().wait_stream(side)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self.pool):
-            logits = self._run(static_tokens, self.start_col, rows, key_len, logits_last)
-        entry = _Graph(graph, static_tokens, logits)
-        self.graphs[(batch, tokens.shape[1], key_len, logits_last)] = entry
+            logits = self._run(static_tokens, self.start_col, rows, key_len, logits_last, static_select)
+        entry = _Graph(graph, static_tokens, static_select, logits)
+        n_select = 0 if select is None else select.shape[1]
+        self.graphs[(batch, tokens.shape[1], key_len, logits_last, n_select)] = entry
         return entry
 
-    def _run(self, tokens, start, rows: slice, key_len: int, logits_last: int):
+    def _run(self, tokens, start, rows: slice, key_len: int, logits_last: int, select):
         q = tokens.shape[1]
         pad = self.pad[rows]
         cols = torch.arange(q, device=self.device) + start
-        positions = (cols[None, :] - pad[:, None]).clamp_(min=0)
-        cos, sin = self.cos[positions][:, None], self.sin[positions][:, None]
-        mask = self._folded_mask(block_causal_mask(pad, start, q, key_len, self.block_size))
-        pre, post = _pre_attention, _post_attention
-        if self.compiled is not None and q <= self.compiled_max_query:
-            pre, post = self.compiled
+        cos = sin = None  # the epilogue kernel reads the tables itself
+        if not self.epilogue:
+            positions = (cols[None, :] - pad[:, None]).clamp_(min=0)
+            cos, sin = self.cos[positions][:, None], self.sin[positions][:, None]
+        short = q <= self.compiled_max_query
+        kernel = self.attention == "triton" and short
+        mask = None if kernel else self._folded_mask(block_causal_mask(pad, start, q, key_len, self.block_size))
+        pre, post = self._layer_parts(short)
         hidden = self.inner.embed_tokens(tokens)
         for i, layer in enumerate(self.inner.layers):
-            query, key, value = pre(layer, hidden, cos, sin, self.head_dim, self.dtype)
             key_cache, value_cache = self.keys[i][rows], self.values[i][rows]
-            key_cache.index_copy_(2, cols, key)
-            value_cache.index_copy_(2, cols, value)
-            out = self._attend(query, key_cache[:, :, :key_len], value_cache[:, :, :key_len], mask,
-                               layer.self_attn.scaling)
-            hidden = post(layer, hidden, out)
+            if self.epilogue:
+                attn = layer.self_attn
+                query = decode_kernels.qkv_epilogue(
+                    pre(i, layer, hidden, cos, sin), pad, start, self.cos, self.sin, attn.q_norm,
+                    attn.k_norm, key_cache, value_cache, self.q_heads, self.kv_heads, self.head_dim)
+            else:
+                query, key, value = pre(i, layer, hidden, cos, sin)
+                key_cache.index_copy_(2, cols, key)
+                value_cache.index_copy_(2, cols, value)
+            scale = layer.self_attn.scaling
+            if kernel:
+                out = decode_kernels.decode_attention(query, key_cache, value_cache, pad, start,
+                                                      self.block_size, scale, key_len)
+            else:
+                out = self._attend(query, key_cache[:, :, :key_len], value_cache[:, :, :key_len], mask,
+                                   scale, short)
+            hidden = post(i, layer, hidden, out)
         if not logits_last:
             return None
-        hidden = self.inner.norm(hidden[:, -logits_last:])
-        return self.lm.lm_head(hidden)
+        hidden = hidden[:, -logits_last:]
+        if select is not None:
+            hidden = torch.gather(hidden, 1, select[:, :, None].expand(-1, -1, hidden.shape[-1]))
+        return self.lm.lm_head(self.inner.norm(hidden))
+
+    def _layer_parts(self, short: bool):
+        """(pre, post) taking (layer index, layer, ...): fused or stock, compiled or eager;
+        with the epilogue kernel, pre is the norm and q|k|v projection only."""
+        fused = self.fused
+        pre_fn, post_fn = (pre_attention_fused, post_attention_fused) if fused else (pre_attention, post_attention)
+        proj_fn = qkv_projection
+        if self.compiled is not None and short:
+            pre_fn, post_fn, proj_fn = self.compiled
+        head_dim, dtype = self.head_dim, self.dtype
+        if self.epilogue:
+            return (lambda i, layer, h, cos, sin: proj_fn(layer, fused.qkv[i], fused.qkv_bias[i], h),
+                    lambda i, layer, h, out: post_fn(layer, fused.gate_up[i], h, out))
+        if fused is None:
+            return (lambda i, layer, h, cos, sin: pre_fn(layer, h, cos, sin, head_dim, dtype),
+                    lambda i, layer, h, out: post_fn(layer, h, out))
+        return (lambda i, layer, h, cos, sin: pre_fn(layer, fused.qkv[i], fused.qkv_bias[i], fused.sizes,
+                                                     h, cos, sin, head_dim, dtype),
+                lambda i, layer, h, out: post_fn(layer, fused.gate_up[i], h, out))
 
     def _folded_mask(self, mask: torch.Tensor) -> torch.Tensor:
         """(B, 1, q, k) bool -> additive (B, 1, group*q, k) for queries with the grouped heads
@@ -195,45 +262,14 @@ class KVCacheEngine:
         folded = mask[:, :, None].expand(batch, 1, self.group, q, k).reshape(batch, 1, self.group * q, k)
         return torch.zeros(folded.shape, dtype=self.dtype, device=self.device).masked_fill_(~folded, float("-inf"))
 
-    def _attend(self, query, keys, values, mask, scale):
+    def _attend(self, query, keys, values, mask, scale, short: bool):
         """Attention over the cache with the query heads of a group folded into the query
         length: no copy of keys/values for grouped-query attention."""
         batch, heads, q, dim = query.shape
         folded = query.reshape(batch, keys.shape[1], self.group * q, dim)
-        if self.attention == "matmul" and q <= self.compiled_max_query:
+        if self.attention == "matmul" and short:
             scores = torch.matmul(folded, keys.transpose(-1, -2)).float() * scale + mask
             out = torch.matmul(torch.softmax(scores, dim=-1).to(values.dtype), values)
         else:
             out = F.scaled_dot_product_attention(folded, keys, values, attn_mask=mask, scale=scale)
         return out.reshape(batch, heads, q, dim)
-
-
-def _pre_attention(layer, hidden, cos, sin, head_dim: int, dtype: torch.dtype):
-    """Per-token part of a layer before attention: norm, projections, q/k norms, RoPE."""
-    attn = layer.self_attn
-    x = layer.input_layernorm(hidden)
-    shape = (*x.shape[:2], -1, head_dim)
-    query = attn.q_norm(attn.q_proj(x).view(shape)).transpose(1, 2)
-    key = attn.k_norm(attn.k_proj(x).view(shape)).transpose(1, 2)
-    value = attn.v_proj(x).view(shape).transpose(1, 2)
-    query = query * cos + _rotate_half(query) * sin
-    key = key * cos + _rotate_half(key) * sin
-    return query.to(dtype), key.to(dtype), value.to(dtype)
-
-
-def _post_attention(layer, hidden, attn_out):
-    """Per-token part of a layer after attention: output projection, residuals, MLP."""
-    batch, heads, q, dim = attn_out.shape
-    hidden = hidden + layer.self_attn.o_proj(attn_out.transpose(1, 2).reshape(batch, q, heads * dim))
-    return hidden + layer.mlp(layer.post_attention_layernorm(hidden))
-
-
-@functools.cache
-def _compiled_layer_parts():
-    """Compiled once per process (plain functions, so engines share the compiled code; the
-    guards are on shapes and dtypes)."""
-    config = torch._dynamo.config
-    for name in ("recompile_limit", "cache_size_limit"):  # shapes: batch buckets x query lengths
-        if hasattr(config, name):
-            setattr(config, name, max(getattr(config, name), 64))
-    return (torch.compile(_pre_attention, dynamic=False), torch.compile(_post_attention, dynamic=False))

@@ -10,16 +10,20 @@ from __future__ import annotations
 
 import torch
 
+from . import decode_kernels
+
 STRATEGIES = ("static", "dynamic", "sequential")
 
 
 def sample_tokens(logits: torch.Tensor, temperature: float, top_k: int, top_p: float,
                   generator: torch.Generator | None = None):
     """logits (N, V) -> (tokens (N,), confidence (N,)). temperature 0 or top_k 1 is greedy."""
-    logits = logits.float()
     if temperature <= 0 or top_k == 1:
-        confidence, tokens = torch.softmax(logits, dim=-1).max(dim=-1)
+        if logits.is_cuda and decode_kernels.available():  # one pass over the bf16 logits
+            return decode_kernels.greedy_pick(logits)
+        confidence, tokens = torch.softmax(logits.float(), dim=-1).max(dim=-1)
         return tokens, confidence
+    logits = logits.float()
     scaled = logits / temperature
     full_probs = torch.softmax(scaled, dim=-1)
     filtered = scaled
