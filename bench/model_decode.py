@@ -2,8 +2,11 @@
 (block 4, 4 denoising steps per block, static remasking, greedy) through `Decoder` (CUDA
 graphs; optionally the per-token layer parts torch.compile'd; by default the Triton decode
 attention, fused q|k|v and gate|up projections and the output layer at masked positions
-only; "session1" cases switch those three off), against the straightforward loop (no CUDA
-graphs, separate KV-write forward per block) and the autoregressive loop of the same engine. Stop tokens are off so every row writes all its
+only, the MLP + next-norm/projection boundary compiled as one graph, the prefill's parts
+compiled ("session1" cases switch all of these off, "session2a" the last two); "overlap"
+cases run forwards of >= N tokens as two half-batches on two CUDA streams. Against the
+straightforward loop (no CUDA graphs, separate KV-write forward per block) and the
+autoregressive loop of the same engine. Stop tokens are off so every row writes all its
 tokens: tokens/s = rows x new tokens / wall time of generate() (prefill included; graph
 capture and compilation excluded by Decoder.warm_up on the same shapes).
 
@@ -26,16 +29,23 @@ from dicepipe.model.shapes import SDAR_MASK_ID, SHAPES, qwen3_config, random_qwe
 
 def _case(name, shape, batch, mode="block", new_tokens=1024, graphs=True, fused=True,
           temperature=0.0, strategy="static", compiled=False, attention="auto", proj=True,
-          masked=True, prompt_len=None) -> dict:
+          masked=True, prompt_len=None, boundary=True, prefill=True, overlap=None) -> dict:
     return {"name": name, "shape": shape, "batch": batch, "mode": mode, "new_tokens": new_tokens,
             "graphs": graphs, "fused": fused, "temperature": temperature, "strategy": strategy,
             "compiled": compiled, "attention": attention, "fuse_projections": proj,
-            "masked_logits": masked, "prompt_len": prompt_len}
+            "masked_logits": masked, "prompt_len": prompt_len, "fuse_boundary": boundary,
+            "compile_prefill": prefill, "overlap_min_tokens": overlap}
 
 
 def _session1(name, shape, batch, **kw) -> dict:
     """The session-1 engine: SDPA over the key bucket, separate projections, full logits."""
-    return _case(name, shape, batch, attention="sdpa", proj=False, masked=False, **kw)
+    return _case(name, shape, batch, attention="sdpa", proj=False, masked=False, boundary=False,
+                 prefill=False, overlap=None, **kw)
+
+
+def _session2(name, shape, batch, **kw) -> dict:
+    """The session-2 engine as first measured: no boundary fusion, eager prefill, one stream."""
+    return _case(name, shape, batch, boundary=False, prefill=False, overlap=None, **kw)
 
 
 CASES = [
@@ -62,6 +72,14 @@ CASES = [
     _case("diffusion_dynamic", "1.7b", 64, strategy="dynamic"),
     _case("diffusion_unfused", "1.7b", 64, fused=False),
     _case("autoregressive", "4b", 128, mode="ar"),
+    # 21-: session 2, second engine (two-stream half batches, boundary fusion, compiled prefill)
+    _session2("diffusion_compiled_session2a", "4b", 128, compiled=True),
+    _case("diffusion_compiled_one_stream", "4b", 128, compiled=True, overlap=None),
+    _case("diffusion_compiled_one_stream", "1.7b", 64, compiled=True, overlap=None),
+    _case("diffusion_compiled_overlap_all_forwards", "1.7b", 64, compiled=True, overlap=0),
+    _case("diffusion_compiled_eager_prefill", "4b", 128, compiled=True, prefill=False),
+    _case("diffusion_compiled_overlap_8_query_forward_only", "4b", 128, compiled=True, overlap=1024),
+    _case("diffusion_compiled_overlap", "4b", 128, compiled=True, overlap=512),
 ]
 
 
@@ -112,7 +130,8 @@ def run_case(models: dict, case: dict, prompt_len: int, profile_path: str | None
     graphs, batch = case["graphs"], case["batch"]
     decoder = Decoder(lm, settings, cuda_graphs=graphs, compile_layers=case["compiled"],
                       attention=case["attention"], fuse_projections=case["fuse_projections"],
-                      masked_logits=case["masked_logits"])
+                      masked_logits=case["masked_logits"], fuse_boundary=case["fuse_boundary"],
+                      compile_prefill=case["compile_prefill"], overlap_min_tokens=case["overlap_min_tokens"])
     cfg = DecodeSettings(max_new_tokens=case["new_tokens"], denoising_steps=4, strategy=case["strategy"],
                          temperature=case["temperature"], top_k=0, stop_at_end=False,
                          fuse_commit=case["fused"])

@@ -134,7 +134,7 @@ def matmul_rows(shape: str, tokens_list=(512, 1024)) -> list[dict]:
                                ("down", lambda: F.linear(xi, wd), 2 * m * h * inter)):
             ms = graph_time_ms(fn)
             row[f"{part}_ms"], row[f"{part}_tflops"] = ms, flop / ms / 1e9
-        for n in (m // 2, m // 4, m // 8):
+        for n in (m // 2, m // 4, m // 8) if m >= 512 else ():
             xs = x[:n]
             row[f"lm_head_{n}_ms"] = graph_time_ms(lambda: F.linear(xs, head))
         row["lm_head_all_ms"] = graph_time_ms(lambda: F.linear(x, head))
@@ -158,7 +158,7 @@ def main() -> None:
         with open(args.out, "w") as fh:
             json.dump(results, fh, indent=2)
     for shape in args.matmul:
-        results["matmul"] += matmul_rows(shape, (512, 1024) if shape == "4b" else (256, 512))
+        results["matmul"] += matmul_rows(shape, (256, 512, 1024) if shape == "4b" else (256, 512))
         with open(args.out, "w") as fh:
             json.dump(results, fh, indent=2)
 

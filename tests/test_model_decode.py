@@ -111,6 +111,21 @@ def test_fused_projections_and_masked_logits_keep_the_tokens(lm, lengths, strate
     assert fast_decoder._selected_counts(4, cfg) == [4, 3, 2, 1]
 
 
+def test_half_batch_phases_match_one_pass(lm):
+    """The two-half schedule (streams on CUDA; here the same phases in turn) changes only
+    the order of work: the same tokens, steps and commit logits as one pass."""
+    prompts = _prompts([5, 8, 11, 3, 9], seed=5)
+    cfg = DecodeSettings(max_new_tokens=13, temperature=0, stop_at_end=False)
+    one = Decoder(lm, _settings(), overlap_min_tokens=None).generate(prompts, cfg, record_commit_logits=True)
+    two = Decoder(lm, _settings(), overlap_min_tokens=0).generate(prompts, cfg, record_commit_logits=True)
+    assert [g.token_ids for g in two.generations] == [g.token_ids for g in one.generations]
+    assert [g.unmask_steps for g in two.generations] == [g.unmask_steps for g in one.generations]
+    assert len(two.commit_logits) == len(one.commit_logits) == 4
+    for (rows_a, _, a), (rows_b, _, b) in zip(one.commit_logits, two.commit_logits):
+        assert rows_a.tolist() == rows_b.tolist()
+        torch.testing.assert_close(b, a, atol=1e-5, rtol=1e-5)
+
+
 def test_engine_logits_at_selected_positions_equal_full_logits(lm):
     engine = Decoder(lm, _settings())._engine(2, 16)
     engine.begin(torch.tensor([0, 4]))

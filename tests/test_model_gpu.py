@@ -48,20 +48,26 @@ def test_cuda_graph_decoding_matches_eager(strategy):
     a = Decoder(lm, stopping, cuda_graphs=False).generate(prompts, cfg_stop)
     b = Decoder(lm, stopping, cuda_graphs=True).generate(prompts, cfg_stop)
     assert [g.token_ids for g in a.generations] == [g.token_ids for g in b.generations]
+    c = Decoder(lm, stopping, cuda_graphs=True, overlap_min_tokens=0).generate(prompts, cfg_stop)
+    assert [g.token_ids for g in c.generations] == [g.token_ids for g in b.generations]
 
 
 def replace_stops(settings: BlockSettings, stops) -> BlockSettings:
     return BlockSettings(settings.block_size, settings.mask_token_id, settings.pad_token_id, tuple(stops))
 
 
-def test_compiled_graph_decoding_matches_eager():
+@pytest.mark.parametrize("overlap", [None, 0])
+def test_compiled_graph_decoding_matches_eager(overlap):
+    """Compiled decode parts (with the MLP + next norm/projection boundary), compiled
+    prefill, and optionally the two-stream half batches inside the graphs."""
     lm = _model()
     prompts = _prompts([9, 30, 17])
     cfg = DecodeSettings(max_new_tokens=60, temperature=0, stop_at_end=False)
-    eager = Decoder(lm, SETTINGS, cuda_graphs=False).generate(prompts, cfg)
-    compiled = Decoder(lm, SETTINGS, cuda_graphs=True, compile_layers=True)
+    eager = Decoder(lm, SETTINGS, cuda_graphs=False, overlap_min_tokens=None).generate(prompts, cfg)
+    compiled = Decoder(lm, SETTINGS, cuda_graphs=True, compile_layers=True, overlap_min_tokens=overlap)
     compiled.warm_up(prompts, cfg)
     out = compiled.generate(prompts, cfg)
+    assert compiled.engine.compiled_prefill is not None and compiled.engine.fuse_boundary
     assert [g.token_ids for g in out.generations] == [g.token_ids for g in eager.generations]
 
 
@@ -149,12 +155,13 @@ def test_fast_decode_paths_match_the_plain_engine():
         cfg = DecodeSettings(max_new_tokens=90, temperature=0, strategy=strategy, stop_at_end=False)
         plain = Decoder(lm, SETTINGS, cuda_graphs=False, attention="sdpa", fuse_projections=False,
                         masked_logits=False).generate(prompts, cfg)
-        fast_decoder = Decoder(lm, SETTINGS, cuda_graphs=True)
-        fast = fast_decoder.generate(prompts, cfg)
-        assert fast_decoder.engine.attention == "triton" and fast_decoder.engine.epilogue
-        assert any(key[-1] for key in fast_decoder.engine.graphs)  # selected-logits graphs ran
-        assert [g.token_ids for g in fast.generations] == [g.token_ids for g in plain.generations]
-        assert [g.unmask_steps for g in fast.generations] == [g.unmask_steps for g in plain.generations]
+        for overlap in (None, 0):  # 0: two half-batches on two streams in every forward
+            fast_decoder = Decoder(lm, SETTINGS, cuda_graphs=True, overlap_min_tokens=overlap)
+            fast = fast_decoder.generate(prompts, cfg)
+            assert fast_decoder.engine.attention == "triton" and fast_decoder.engine.epilogue
+            assert any(key[-1] for key in fast_decoder.engine.graphs)  # selected-logits graphs ran
+            assert [g.token_ids for g in fast.generations] == [g.token_ids for g in plain.generations]
+            assert [g.unmask_steps for g in fast.generations] == [g.unmask_steps for g in plain.generations]
 
 
 def test_sampled_decoding_is_reproducible_with_graphs():

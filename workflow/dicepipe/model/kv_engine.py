@@ -11,10 +11,16 @@ masked), with a fixed count per forward so shapes stay static. Static shapes let
 captured once as a CUDA graph per (batch bucket, query length, key-length bucket) and
 replayed: the per-block step is launch-bound otherwise. Finished rows are dropped by moving
 the remaining rows to the front of the cache (`keep_rows`).
+
+The layer stack runs as a sequence of phases (matmuls, attention, per layer), so that a
+forward can optionally run as two half-batches on two CUDA streams, one half's attention
+beside the other's matmuls (`overlap_min_tokens`; measured slower on the H200, so off by
+default: see bench/README.md).
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
 from dataclasses import dataclass
 
@@ -59,7 +65,8 @@ class _Graph:
 class KVCacheEngine:
     def __init__(self, lm, block_size: int, max_batch: int, max_len: int, *,
                  cuda_graphs: bool = False, len_bucket: int = 128, compile_layers: bool = False,
-                 attention: str = "auto", fuse_projections: bool = True):
+                 attention: str = "auto", fuse_projections: bool = True, fuse_boundary: bool = True,
+                 compile_prefill: bool = False, overlap_min_tokens: int | None = None):
         self.lm = lm
         self.inner = lm.model
         self.block_size = block_size
@@ -88,6 +95,15 @@ class KVCacheEngine:
         self.compiled_max_query = 2 * block_size
         self.fused = FusedWeights(self.inner.layers) if fuse_projections else None
         self.compiled = compiled_parts(self.fused is not None) if compile_layers else None
+        # The prefill's per-token parts compiled too, for any length (one compilation).
+        self.compiled_prefill = compiled_parts(self.fused is not None, True) if compile_prefill else None
+        # Compiled, fused: one layer's MLP and the next layer's norm + q|k|v in one graph.
+        self.fuse_boundary = fuse_boundary
+        # Two half-batches through the layer stack on two CUDA streams, offset by one phase,
+        # so that one half's attention (memory-bound) runs beside the other's matmuls
+        # (compute-bound); for short forwards of at least this many tokens (None: never).
+        self.overlap_min_tokens = overlap_min_tokens
+        self.streams = [torch.cuda.Stream(self.device) for _ in range(2)] if self.device.type == "cuda" else None
         if attention not in ATTENTION_CHOICES:
             raise ValueError(f"attention {attention!r}: expected one of {ATTENTION_CHOICES}")
         if attention == "auto":
@@ -198,37 +214,27 @@ class KVCacheEngine:
         return entry
 
     def _run(self, tokens, start, rows: slice, key_len: int, logits_last: int, select):
-        q = tokens.shape[1]
-        pad = self.pad[rows]
-        cols = torch.arange(q, device=self.device) + start
-        cos = sin = None  # the epilogue kernel reads the tables itself
-        if not self.epilogue:
-            positions = (cols[None, :] - pad[:, None]).clamp_(min=0)
-            cos, sin = self.cos[positions][:, None], self.sin[positions][:, None]
+        q, n = tokens.shape[1], rows.stop - rows.start
         short = q <= self.compiled_max_query
         kernel = self.attention == "triton" and short
-        mask = None if kernel else self._folded_mask(block_causal_mask(pad, start, q, key_len, self.block_size))
-        pre, post = self._layer_parts(short)
+        mask = None if kernel else self._folded_mask(block_causal_mask(self.pad[rows], start, q, key_len,
+                                                                        self.block_size))
         hidden = self.inner.embed_tokens(tokens)
-        for i, layer in enumerate(self.inner.layers):
-            key_cache, value_cache = self.keys[i][rows], self.values[i][rows]
-            if self.epilogue:
-                attn = layer.self_attn
-                query = decode_kernels.qkv_epilogue(
-                    pre(i, layer, hidden, cos, sin), pad, start, self.cos, self.sin, attn.q_norm,
-                    attn.k_norm, key_cache, value_cache, self.q_heads, self.kv_heads, self.head_dim)
-            else:
-                query, key, value = pre(i, layer, hidden, cos, sin)
-                key_cache.index_copy_(2, cols, key)
-                value_cache.index_copy_(2, cols, value)
-            scale = layer.self_attn.scaling
-            if kernel:
-                out = decode_kernels.decode_attention(query, key_cache, value_cache, pad, start,
-                                                      self.block_size, scale, key_len)
-            else:
-                out = self._attend(query, key_cache[:, :, :key_len], value_cache[:, :, :key_len], mask,
-                                   scale, short)
-            hidden = post(i, layer, hidden, out)
+        parts = self._layer_parts(short)
+        if short and n >= 2 and self.overlap_min_tokens is not None and n * q >= self.overlap_min_tokens:
+            cut = n // 2
+            halves = ((slice(0, cut), slice(rows.start, rows.start + cut)),
+                      (slice(cut, n), slice(rows.start + cut, rows.stop)))
+            results = [[], []]
+            phases = [self._phases(hidden[h], start, r, key_len, kernel, None if mask is None else mask[h],
+                                   parts, out) for (h, r), out in zip(halves, results)]
+            self._interleave(phases)
+            hidden = torch.cat([results[0][0], results[1][0]])
+        else:
+            result = []
+            for _ in self._phases(hidden, start, rows, key_len, kernel, mask, parts, result):
+                pass
+            hidden = result[0]
         if not logits_last:
             return None
         hidden = hidden[:, -logits_last:]
@@ -236,24 +242,106 @@ class KVCacheEngine:
             hidden = torch.gather(hidden, 1, select[:, :, None].expand(-1, -1, hidden.shape[-1]))
         return self.lm.lm_head(self.inner.norm(hidden))
 
+    def _phases(self, hidden, start, rows: slice, key_len: int, kernel: bool, mask, parts, result: list):
+        """The layer stack over cache rows `rows`, as a generator that yields after each
+        phase: matmuls (the previous layer's output projection and MLP, this layer's norm,
+        projections and cache write), then attention, per layer; the final hidden states go
+        to `result`."""
+        q = hidden.shape[1]
+        pad = self.pad[rows]
+        cols = torch.arange(q, device=self.device) + start
+        cos = sin = None  # the epilogue kernel reads the tables itself
+        if not self.epilogue:
+            positions = (cols[None, :] - pad[:, None]).clamp_(min=0)
+            cos, sin = self.cos[positions][:, None], self.sin[positions][:, None]
+        pre, post, boundary = parts
+        layers = self.inner.layers
+        out = None
+        for i in range(len(layers) + 1):
+            if boundary is not None and 0 < i < len(layers):
+                hidden, x = boundary(i, hidden, out)
+            else:
+                if i:
+                    hidden = post(i - 1, layers[i - 1], hidden, out)
+                if i == len(layers):
+                    break
+                x = pre(i, layers[i], hidden, cos, sin)
+            key_cache, value_cache = self.keys[i][rows], self.values[i][rows]
+            attn = layers[i].self_attn
+            if self.epilogue:
+                query = decode_kernels.qkv_epilogue(x, pad, start, self.cos, self.sin, attn.q_norm, attn.k_norm,
+                                                    key_cache, value_cache, self.q_heads, self.kv_heads,
+                                                    self.head_dim)
+            else:
+                query, key, value = x
+                key_cache.index_copy_(2, cols, key)
+                value_cache.index_copy_(2, cols, value)
+            yield
+            if kernel:
+                out = decode_kernels.decode_attention(query, key_cache, value_cache, pad, start,
+                                                      self.block_size, attn.scaling, key_len)
+            else:
+                out = self._attend(query, key_cache[:, :, :key_len], value_cache[:, :, :key_len], mask,
+                                   attn.scaling, q <= self.compiled_max_query)
+            yield
+        result.append(hidden)
+
+    def _interleave(self, phases) -> None:
+        """Run two halves' phase generators, each on its own stream, so that phase k of the
+        second half follows phase k of the first and phase k+2 of the first follows phase k
+        of the second: the matmul phases alternate between the halves, the attention phases
+        too, and each half's attention runs beside the other half's matmuls."""
+        streams = self.streams
+        if streams is not None:
+            origin = torch.cuda.current_stream(self.device)
+            for stream in streams:
+                stream.wait_stream(origin)
+        last = [None, None]  # per phase kind (matmuls, attention): the event of its latest run
+        live = list(phases)
+        k = 0
+        while any(gen is not None for gen in live):
+            for h, gen in enumerate(live):
+                if gen is None:
+                    continue
+                with contextlib.nullcontext() if streams is None else torch.cuda.stream(streams[h]):
+                    if streams is not None and last[k % 2] is not None:
+                        streams[h].wait_event(last[k % 2])
+                    if next(gen, StopIteration) is StopIteration:
+                        live[h] = None
+                    if streams is not None:
+                        last[k % 2] = torch.cuda.Event()
+                        last[k % 2].record(streams[h])
+            k += 1
+        if streams is not None:
+            for stream in streams:
+                origin.wait_stream(stream)
+
     def _layer_parts(self, short: bool):
-        """(pre, post) taking (layer index, layer, ...): fused or stock, compiled or eager;
-        with the epilogue kernel, pre is the norm and q|k|v projection only."""
+        """(pre, post, boundary) taking (layer index, layer, ...): fused or stock, compiled or
+        eager; with the epilogue kernel, pre is the norm and q|k|v projection only, and
+        boundary(i, hidden, attention output) is post of layer i-1 and pre of layer i in one
+        compiled call (None where not compiled)."""
         fused = self.fused
         pre_fn, post_fn = (pre_attention_fused, post_attention_fused) if fused else (pre_attention, post_attention)
-        proj_fn = qkv_projection
-        if self.compiled is not None and short:
-            pre_fn, post_fn, proj_fn = self.compiled
-        head_dim, dtype = self.head_dim, self.dtype
+        proj_fn, boundary_fn = qkv_projection, None
+        compiled = self.compiled if short else self.compiled_prefill
+        if compiled is not None:
+            pre_fn, post_fn, proj_fn, boundary_fn = compiled
+        head_dim, dtype, layers = self.head_dim, self.dtype, self.inner.layers
         if self.epilogue:
+            boundary = None
+            if boundary_fn is not None and self.fuse_boundary:
+                def boundary(i, h, out):
+                    return boundary_fn(layers[i - 1], fused.gate_up[i - 1], h, out, layers[i], fused.qkv[i],
+                                       fused.qkv_bias[i])
             return (lambda i, layer, h, cos, sin: proj_fn(layer, fused.qkv[i], fused.qkv_bias[i], h),
-                    lambda i, layer, h, out: post_fn(layer, fused.gate_up[i], h, out))
+                    lambda i, layer, h, out: post_fn(layer, fused.gate_up[i], h, out), boundary)
         if fused is None:
             return (lambda i, layer, h, cos, sin: pre_fn(layer, h, cos, sin, head_dim, dtype),
-                    lambda i, layer, h, out: post_fn(layer, h, out))
+                    lambda i, layer, h, out: post_fn(layer, h, out), None)
         return (lambda i, layer, h, cos, sin: pre_fn(layer, fused.qkv[i], fused.qkv_bias[i], fused.sizes,
                                                      h, cos, sin, head_dim, dtype),
-                lambda i, layer, h, out: post_fn(layer, fused.gate_up[i], h, out))
+                lambda i, layer, h, out: post_fn(layer, fused.gate_up[i], h, out), None)
 
     def _folded_mask(self, mask: torch.Tensor) -> torch.Tensor:
         """(B, 1, q, k) bool -> additive (B, 1, group*q, k) for queries with the grouped heads

@@ -108,13 +108,21 @@ def post_attention_fused(layer, w_gate_up, hidden, attn_out):
     return hidden + mlp.down_proj(mlp.act_fn(gate) * up)
 
 
+def post_then_qkv(prev, w_gate_up, hidden, attn_out, nxt, w_qkv, b_qkv):
+    """post_attention_fused of one layer, then qkv_projection of the next: compiled as one
+    graph, the residual add and the next layer's norm become one kernel."""
+    hidden = post_attention_fused(prev, w_gate_up, hidden, attn_out)
+    return hidden, qkv_projection(nxt, w_qkv, b_qkv, hidden)
+
+
 @functools.cache
-def compiled_parts(fused: bool):
-    """Compiled once per process (plain functions, so engines share the compiled code; the
-    guards are on shapes and dtypes)."""
+def compiled_parts(fused: bool, dynamic: bool = False):
+    """(pre, post, qkv_projection, post_then_qkv) compiled once per process (plain functions,
+    so engines share the compiled code; the guards are on shapes and dtypes). `dynamic`:
+    one compilation for every shape (the prefill, whose length follows the prompts)."""
     config = torch._dynamo.config
     for name in ("recompile_limit", "cache_size_limit"):  # shapes: batch buckets x query lengths
         if hasattr(config, name):
             setattr(config, name, max(getattr(config, name), 64))
     pre, post = (pre_attention_fused, post_attention_fused) if fused else (pre_attention, post_attention)
-    return tuple(torch.compile(fn, dynamic=False) for fn in (pre, post, qkv_projection))
+    return tuple(torch.compile(fn, dynamic=dynamic) for fn in (pre, post, qkv_projection, post_then_qkv))
