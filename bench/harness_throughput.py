@@ -11,6 +11,10 @@ KernelBench solutions do), every tenth one wrong on purpose. Then:
               them), whose verdicts are compared with ours.
 
     python bench/harness_throughput.py --backend cuda --n 100 --sequential 2 --out t.json
+    python bench/harness_throughput.py --combine OURS.json SEQUENTIAL.json --out t.json
+
+Each half also reports the CPU seconds it spent (every process it started, compilers
+included), so the cost per build can be compared as well as the wall-clock rate.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ import argparse
 import json
 import os
 import platform
+import resource
 import shutil
 import subprocess
 import sys
@@ -129,6 +134,12 @@ def make_pairs(n: int, backend: str) -> list[dict]:
     return pairs
 
 
+def children_cpu_s() -> float:
+    """CPU seconds of every finished child process (and theirs, once reaped)."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
 def run_ours(args, pairs: list[dict], workdir: Path) -> dict:
     """Our harness in a child process, its journal polled for a rate even under a cap."""
     (workdir / "pairs.json").write_text(json.dumps(pairs))
@@ -136,7 +147,7 @@ def run_ours(args, pairs: list[dict], workdir: Path) -> dict:
     journal = workdir / "ours.parquet.journal.jsonl"
     cmd = [sys.executable, __file__, "--child-ours", str(workdir), "--backend", args.backend,
            "--build-workers", str(args.build_workers)]
-    start = time.monotonic()
+    start, cpu0 = time.monotonic(), children_cpu_s()
     proc = subprocess.Popen(cmd)
     progress = []
     while proc.poll() is None and time.monotonic() - start < args.cap_s:
@@ -148,6 +159,7 @@ def run_ours(args, pairs: list[dict], workdir: Path) -> dict:
         proc.kill()
         proc.wait()
     wall = time.monotonic() - start
+    cpu = children_cpu_s() - cpu0
     rows = []
     if results.is_file() and not capped:
         import pyarrow.parquet as pq
@@ -157,6 +169,8 @@ def run_ours(args, pairs: list[dict], workdir: Path) -> dict:
         rows = [json.loads(line) for line in journal.read_text().splitlines() if line.strip()]
     return {"wall_s": round(wall, 1), "done": len(rows), "capped": capped,
             "kernels_per_min": round(len(rows) / wall * 60, 2),
+            "cpu_s_per_kernel": round(cpu / len(rows), 1) if rows and not capped else None,
+            "build_s": sorted(round(r["wall_build_s"] or 0.0, 1) for r in rows)[:: max(1, len(rows) // 10)],
             "progress": progress[:: max(1, len(progress) // 40)],
             "verdicts": {r["job_id"]: bool(r["correct"]) for r in rows},
             "errors": {r["job_id"]: (r["error"] or "")[-300:] for r in rows
@@ -229,7 +243,7 @@ def run_sequential(args, pairs: list[dict]) -> dict:
     wrong = [p for p in pairs if not p["intended_correct"]][:1]
     right = [p for p in pairs if p["intended_correct"]]
     chosen = (wrong + right)[: args.sequential] if args.sequential > 1 else right[:1]
-    start = time.monotonic()
+    start, cpu0 = time.monotonic(), children_cpu_s()
     verdicts, per_kernel = {}, []
     for pair in chosen:
         t0 = time.monotonic()
@@ -242,7 +256,9 @@ def run_sequential(args, pairs: list[dict]) -> dict:
         verdicts[pair["job_id"]] = bool(result["correct"])
         per_kernel.append(round(time.monotonic() - t0, 1))
     wall = time.monotonic() - start
+    cpu = children_cpu_s() - cpu0
     return {"wall_s": round(wall, 1), "done": len(chosen), "seconds_per_kernel": per_kernel,
+            "cpu_s_per_kernel": round(cpu / max(1, len(chosen)), 1),
             "kernels_per_min": round(len(chosen) / wall * 60, 3), "verdicts": verdicts}
 
 
@@ -255,6 +271,10 @@ def combine(ours: dict | None, seq: dict | None, pairs: list[dict]) -> dict:
         report["verdicts_compared"] = len(shared)
         report["verdicts_identical"] = all(seq["verdicts"][k] == ours["verdicts"][k]
                                            for k in shared)
+        intended = {p["job_id"]: p["intended_correct"] for p in pairs}
+        report["side_by_side"] = {k: {"sequential": seq["verdicts"][k],
+                                      "ours": ours["verdicts"][k], "intended": intended[k]}
+                                  for k in shared}
     # every pair's right verdict is known by construction: both loops are held to it too,
     # which compares them even when a capped run left no kernel measured by both
     intended = {p["job_id"]: p["intended_correct"] for p in pairs}
@@ -274,10 +294,21 @@ def main() -> None:
     parser.add_argument("--build-workers", type=int, default=0)
     parser.add_argument("--cap-s", type=float, default=600.0)
     parser.add_argument("--out", default=None)
+    parser.add_argument("--combine", nargs=2, metavar=("OURS", "SEQUENTIAL"), default=None,
+                        help="combine two reports written by separate runs")
     parser.add_argument("--child-ours", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child_ours:
         child_ours(Path(args.child_ours), args.backend, args.build_workers)
+        return
+    if args.combine:
+        halves = [json.loads(Path(p).read_text()) for p in args.combine]
+        report = {**{k: v for k, v in halves[0].items() if k not in ("ours", "sequential")},
+                  **combine(halves[0]["ours"], halves[1]["sequential"],
+                            make_pairs(halves[0]["n"], halves[0]["backend"]))}
+        print(json.dumps({k: v for k, v in report.items() if k not in ("ours", "sequential")}))
+        if args.out:
+            Path(args.out).write_text(json.dumps(report, indent=1))
         return
     pairs = make_pairs(args.n, args.backend)
     workdir = Path(tempfile.mkdtemp(prefix="harness_throughput_"))

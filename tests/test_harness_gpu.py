@@ -81,7 +81,8 @@ def rows(build_cache_dir):
 
 def test_cuda_kernel_is_correct_and_timed(rows):
     row = rows["relu"]
-    assert row["compiled"] and row["correct"] and row["correct_robust"], row["error"]
+    assert row["compiled"] and row["correct"] and row["correct_robust"], (
+        row["error"], row["compile_log_tail"])
     assert row["timing_mode"] == "eager" and 1 <= row["num_repeats"] <= 2
     assert row["speedup_low"] <= row["speedup_median"] <= row["speedup_high"]
     assert not row["launch_bound"]

@@ -1,14 +1,17 @@
 """Build one `load_inline` spec into the content-addressed cache (runs in a builder worker).
 
-The sources are prepared exactly as `load_inline` prepares them, then compiled by torch's own
-ninja machinery in a private temporary folder that is renamed into place when done, so two
-builders racing on one key never see a half-written build and a killed build leaves no lock.
+The sources are prepared exactly as `load_inline` prepares them and torch writes its ninja
+file for them; the commands in it are then run by `compile_steps` (units side by side, each
+compiler in a CPU slot shared by all builders, cuda units through `nvcc_split`) in a private
+temporary folder that is renamed into place when done, so two builders racing on one key
+never see a half-written build and a killed build leaves no lock.
 The module is never imported here: the candidate's native code runs only in device workers.
 A compiler error is cached too (a source seen before never builds again); a timeout is not.
 
 On gcc, `torch/extension.h` is precompiled once per set of compile flags into the cache
 (torch's own `use_pch` writes into the torch installation and deletes it again whenever a
-build does not ask for it, which breaks under parallel builds).
+build does not ask for it, which breaks under parallel builds); a build that finds another
+builder making it waits for it rather than parse torch's headers itself.
 """
 
 from __future__ import annotations
@@ -26,6 +29,8 @@ import time
 from pathlib import Path
 
 from .buildspec import build_dir, module_name, spec_uses_cuda
+from .compile_steps import StepError, cpu_slot, run_steps
+from .nvcc_split import compile_cuda
 
 LOG_LIMIT = 6000
 
@@ -79,6 +84,7 @@ def build_spec(spec: dict, key: str, cache: Path, use_pch: bool) -> dict:
     status["seconds"] = round(time.monotonic() - start, 3)
     for junk in list(tmp.glob("*.o")) + list(tmp.glob("*.o.d")) + list(tmp.glob(".ninja_*")):
         junk.unlink(missing_ok=True)
+    shutil.rmtree(tmp / "nvcc", ignore_errors=True)  # nvcc's intermediates: ~50 MB a build
     (tmp / "status.json").write_text(json.dumps(status))
     final.parent.mkdir(parents=True, exist_ok=True)
     try:
@@ -97,9 +103,9 @@ def _compile(spec: dict, key: str, folder: Path, cache: Path, use_pch: bool) -> 
     pch_dir = None
     if use_pch and _compiler_is_gcc():
         pch_dir = cache / "pch" / _pch_signature(spec, with_cuda)
-    status = _run_build(spec, name, sources, folder, with_cuda, pch_dir)
+    status = _run_build(spec, name, sources, folder, with_cuda, pch_dir, cache)
     if not status["ok"] and pch_dir is not None and _PCH_TROUBLE.search(status["log_tail"]):
-        status = _run_build(spec, name, sources, folder, with_cuda, None)  # safety net
+        status = _run_build(spec, name, sources, folder, with_cuda, None, cache)  # safety net
         status["pch"] = "pch:retried-without"
     return status
 
@@ -109,33 +115,40 @@ _PCH_TROUBLE = re.compile(r"\.gch|precompiled|torch/extension\.h")
 
 
 def _run_build(spec: dict, name: str, sources: list[str], folder: Path, with_cuda: bool,
-               pch_dir: Path | None) -> dict:
+               pch_dir: Path | None, cache: Path) -> dict:
     from torch.utils import cpp_extension as ce
 
     include_paths = list(spec["extra_include_paths"])
-    pch_note = "pch:off"
+    notes = ["pch:off"]
     if pch_dir is not None:
         include_paths.insert(0, str(pch_dir))
+    ninja_file = folder / "build.ninja"
     try:
-        ce.verify_ninja_availability()
         ldflags = _call_filtered(ce._prepare_ldflags, extra_ldflags=list(spec["extra_ldflags"]),
                                  with_cuda=with_cuda, with_sycl=False, verbose=False,
                                  is_standalone=False)
-        _call_filtered(ce._write_ninja_file_to_build_library, path=str(folder / "build.ninja"),
+        _call_filtered(ce._write_ninja_file_to_build_library, path=str(ninja_file),
                        name=name, sources=sources, extra_cflags=list(spec["extra_cflags"]),
                        extra_cuda_cflags=list(spec["extra_cuda_cflags"]), extra_sycl_cflags=[],
                        extra_ldflags=ldflags, extra_include_paths=include_paths,
                        with_cuda=with_cuda, with_sycl=False, is_python_module=True,
                        is_standalone=False, torch_exclude=False)
-        if pch_dir is not None:
-            pch_note = _ensure_pch(folder / "build.ninja", pch_dir)
-        _call_filtered(ce._run_ninja_build, build_directory=str(folder), verbose=False,
-                       error_prefix=f"Error building extension '{spec['name']}'")
-    except (RuntimeError, OSError, subprocess.SubprocessError) as exc:
-        return {"ok": False, "log_tail": _tail(str(exc)), "pch": pch_note}
+
+        def before_compile(step: dict) -> str | None:
+            if pch_dir is None or step["rule"] != "compile":
+                return None
+            return _ensure_pch(ninja_file, pch_dir, cache)
+
+        def cuda_compile(step: dict, log: list[str]) -> str:
+            return compile_cuda(step, folder, cache, log)
+
+        notes = run_steps(ninja_file, cache, before_compile, cuda_compile) or notes
+    except (StepError, RuntimeError, OSError, subprocess.SubprocessError) as exc:
+        return {"ok": False, "log_tail": _tail(str(exc)), "pch": ",".join(notes)}
     if not (folder / f"{name}.so").is_file():
-        return {"ok": False, "log_tail": "the build produced no module file", "pch": pch_note}
-    return {"ok": True, "log_tail": "", "pch": pch_note}
+        return {"ok": False, "log_tail": "the build produced no module file",
+                "pch": ",".join(notes)}
+    return {"ok": True, "log_tail": "", "pch": ",".join(sorted(notes))}
 
 
 def _tail(text: str) -> str:
@@ -159,23 +172,22 @@ def _pch_signature(spec: dict, with_cuda: bool) -> str:
     return hashlib.sha256(blob.encode()).hexdigest()[:20]
 
 
-def _ensure_pch(ninja_file: Path, pch_dir: Path) -> str:
+def _ensure_pch(ninja_file: Path, pch_dir: Path, cache: Path) -> str:
     """Precompile torch/extension.h with this build's exact flags, once per flag set.
 
-    Never waits: while another builder is making the header, this build goes without it.
+    A build that finds another builder making it waits (holding no CPU slot): the header
+    takes one parse of torch's headers, and compiling without it would take the same again.
     """
     target = pch_dir / "torch" / "extension.h.gch"
     if target.is_file() and (pch_dir / "torch" / "extension.h").exists():
         return "pch:hit"
     target.parent.mkdir(parents=True, exist_ok=True)
-    lock = open(pch_dir / "lock", "w")
-    try:
-        try:
-            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            return "pch:busy"
+    with open(pch_dir / "lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
         if target.is_file() and (pch_dir / "torch" / "extension.h").exists():
             return "pch:hit"
+        if (pch_dir / "failed").is_file():
+            return "pch:failed"
         cflags = _ninja_variable(ninja_file, "cflags")
         flags = [f for f in shlex.split(cflags) if not f.startswith("-DTORCH_EXTENSION_NAME=")]
         from torch.utils import cpp_extension as ce
@@ -187,10 +199,12 @@ def _ensure_pch(ninja_file: Path, pch_dir: Path) -> str:
             return "pch:hit"
         tmp = target.with_name(f"extension.h.gch.{os.getpid()}")
         cxx = os.environ.get("CXX", "c++")
-        proc = subprocess.run([cxx, *flags, "-x", "c++-header", header, "-o", str(tmp)],
-                              capture_output=True, text=True)
+        with cpu_slot(cache):
+            proc = subprocess.run([cxx, *flags, "-x", "c++-header", header, "-o", str(tmp)],
+                                  capture_output=True, text=True)
         if proc.returncode != 0 or not tmp.is_file():
             tmp.unlink(missing_ok=True)
+            (pch_dir / "failed").write_text(proc.stderr[-4000:])
             return "pch:failed"
         # A source that includes torch/extension.h a second time makes gcc look for the
         # header beside its .gch: the link sends it to the real one (#pragma once holds).
@@ -198,8 +212,6 @@ def _ensure_pch(ninja_file: Path, pch_dir: Path) -> str:
             os.symlink(header, link)
         os.rename(tmp, target)
         return "pch:built"
-    finally:
-        lock.close()
 
 
 def _ninja_variable(ninja_file: Path, name: str) -> str:

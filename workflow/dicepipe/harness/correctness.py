@@ -37,7 +37,12 @@ def to_device(obj, device: str):
 def apply_variant(inputs: list, variant: str, seed: int) -> list:
     if variant == "as_drawn":
         return inputs
-    gen = torch.Generator(device="cpu").manual_seed(seed)
+    gens: dict = {}  # one per device: a GPU input is redrawn on the GPU, not on the host
+
+    def generator(device):
+        if device not in gens:
+            gens[device] = torch.Generator(device=device).manual_seed(seed)
+        return gens[device]
 
     def transform(x):
         if not isinstance(x, torch.Tensor) or not x.is_floating_point():
@@ -49,7 +54,8 @@ def apply_variant(inputs: list, variant: str, seed: int) -> list:
         if variant == "shift_scale":
             return x * 3.0 + 1.5
         if variant == "normal":
-            return torch.randn(x.shape, generator=gen, dtype=torch.float32).to(x.dtype).to(x.device)
+            return torch.randn(x.shape, generator=generator(x.device), dtype=torch.float32,
+                               device=x.device).to(x.dtype)
         raise ValueError(variant)
 
     return [transform(x) for x in inputs]

@@ -28,6 +28,7 @@ import pyarrow as pa
 
 from ..errors import HarnessError
 from .buildspec import normalize_spec, spec_key, toolchain_fingerprint
+from .compile_steps import SLOTS_ENV
 from .pools import BuildService, ExtractService, WorkerPool
 from .results import ResultStore, rows_to_table
 from .rows import Prepared, account_builds, device_row, prepared_failure, scrub_paths
@@ -82,12 +83,17 @@ class Batch:
         self.toolchains = {b: toolchain_fingerprint(b) for b in backends}
         n_build = settings.num_build_workers()
         arch = self.toolchains.get("cuda", {}).get("cuda_arch")
-        build_env = {"CUDA_VISIBLE_DEVICES": "", "MAX_JOBS": "2", "OMP_NUM_THREADS": "1"}
+        # Every compiler process holds one of n_build CPU slots; there are more builders
+        # than slots, so a build waiting for a precompiled header leaves its core to another.
+        build_env = {"CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": "1",
+                     SLOTS_ENV: str(n_build)}
         if arch:
             build_env["TORCH_CUDA_ARCH_LIST"] = arch  # only the local GPU's architecture
         base = self._worker_config()
+        # (cuda builds wait longer: for two headers, the second after nvcc's front ends)
+        extra = n_build if "cuda" in backends else max(1, n_build // 2)
         build_pool = WorkerPool([self._worker("build", i, base, build_env, file_mb=8192)
-                                 for i in range(n_build)])
+                                 for i in range(n_build + extra)])
         extract_pool = WorkerPool([
             self._worker("extract", i, base, {"CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": "1"})
             for i in range(max(1, min(4, n_build)))])
@@ -119,7 +125,11 @@ class Batch:
     def _device_workers(self, backend: str, base: dict) -> list[WorkerProcess]:
         tool = self.toolchains[backend]
         if backend == "cpu":
-            return [self._worker("device", 0, base, {"CUDA_VISIBLE_DEVICES": ""}, "cpu", tool)]
+            env = {"CUDA_VISIBLE_DEVICES": ""}
+            if self.settings.cpu_threads:  # torch's pool and the candidate's OpenMP pool alike
+                env.update(OMP_NUM_THREADS=str(self.settings.cpu_threads),
+                           MKL_NUM_THREADS=str(self.settings.cpu_threads))
+            return [self._worker("device", 0, base, env, "cpu", tool)]
         gpus = self.settings.devices
         if gpus is None:
             import torch

@@ -131,7 +131,8 @@ class ExtractService:
                 result.update(ok=False, final=True, error=f"bad load_inline arguments: {exc}")
         if result["ok"]:
             path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_name(path.name + ".tmp")
+            # two jobs with the same files may finish extraction at once: private tmp names
+            tmp = path.with_name(f"{path.name}.{threading.get_ident()}.tmp")
             tmp.write_text(json.dumps(result))
             tmp.replace(path)
         return result

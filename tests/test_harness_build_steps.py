@@ -1,0 +1,116 @@
+"""Build steps without ninja: the ninja file's commands, CPU slots, and the nvcc host pass
+against a precompiled prefix (on a tiny stand-in for cudafe++'s output, built with the
+system C++ compiler in well under a second; no nvcc, no torch headers)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import threading
+import time
+
+import pytest
+from dicepipe.harness import compile_steps, nvcc_split
+
+NINJA = """ninja_required_version = 1.3
+cxx = c++
+cflags = -DX=1 -O3
+ldflags = -shared
+
+rule compile
+  command = $cxx -MMD -MF $out.d $cflags -c $in -o $out
+  depfile = $out.d
+
+rule link
+  command = $cxx $in $ldflags -o $out
+
+build main.o: compile /tmp/a$:b/main.cpp
+build m.so: link main.o
+
+default m.so
+"""
+
+
+def test_plan_expands_commands_as_ninja_would(tmp_path):
+    (tmp_path / "build.ninja").write_text(NINJA)
+    compiles, link = compile_steps.plan(tmp_path / "build.ninja")
+    assert [s["command"] for s in compiles] == [
+        "c++ -MMD -MF main.o.d -DX=1 -O3 -c /tmp/a:b/main.cpp -o main.o"]
+    assert link["command"] == "c++ main.o -shared -o m.so"
+
+
+def test_cpu_slots_bound_concurrency(tmp_path, monkeypatch):
+    monkeypatch.setenv(compile_steps.SLOTS_ENV, "2")
+    active, peak, lock = [0], [0], threading.Lock()
+
+    def work():
+        with compile_steps.cpu_slot(tmp_path):
+            with lock:
+                active[0] += 1
+                peak[0] = max(peak[0], active[0])
+            time.sleep(0.05)
+            with lock:
+                active[0] -= 1
+
+    threads = [threading.Thread(target=work) for _ in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert peak[0] == 2
+
+
+# What cudafe++ writes: headers first (naming the module id), then the candidate's file.
+FAKE_UNIT = """# 1 "cuda.cu"
+# 1 "/fake/header.h"
+namespace _GLOBAL__N_{mid} __attribute__((visibility("hidden"))) {{ inline int base() {{ return 40; }} }}
+using namespace ::_GLOBAL__N_{mid};
+template <class T> T twice(T x) {{ return x + x; }}
+# 3 "cuda.cu"
+#define _NV_ANON_NAMESPACE _GLOBAL__N_{mid}
+extern "C" int answer_{k}() {{ return base() + twice({k}); }}
+"""
+
+
+def _host_unit(folder, mid: str, k: int) -> str:
+    keep = folder / "nvcc"
+    keep.mkdir(parents=True)
+    (keep / "cuda.cudafe1.cpp").write_text(FAKE_UNIT.format(mid=mid, k=k))
+    (keep / "cuda.module_id").write_text(mid)
+    return "c++ -c -x c++ -O2 -fPIC nvcc/cuda.cudafe1.cpp -o cuda.cuda.o"
+
+
+def _host_pass(line: str, folder, cache) -> str:
+    env = dict(os.environ)
+    header = nvcc_split._prepare_host(line, folder, folder / "nvcc", cache, env)
+    return nvcc_split._host_pass(line, header, folder, cache, [], env)
+
+
+@pytest.mark.skipif(shutil.which("c++") is None, reason="needs a C++ compiler")
+def test_host_pass_shares_one_precompiled_prefix(tmp_path):
+    cache = tmp_path / "cache"
+    notes = []
+    for k, mid in ((1, "_aaaa1111_7_cuda_cu_0001"), (2, "_bbbb2222_7_cuda_cu_0002")):
+        folder = tmp_path / f"b{k}"
+        line = _host_unit(folder, mid, k)
+        notes.append(_host_pass(line, folder, cache))
+        assert (folder / "cuda.cuda.o").is_file()
+        # the object computes what the plain host pass's object computes
+        main = folder / "main.cpp"
+        main.write_text(f'extern "C" int answer_{k}();\nint main() {{ return answer_{k}(); }}\n')
+        exe = folder / "a.out"
+        subprocess.run(["c++", str(main), str(folder / "cuda.cuda.o"), "-o", str(exe)],
+                       check=True)
+        assert subprocess.run([str(exe)]).returncode == 40 + 2 * k
+    assert notes == ["host-pch:built", "host-pch:hit"]  # second module id: same prefix
+    assert len(list((cache / "pch-cuda-host").iterdir())) == 1
+
+
+@pytest.mark.skipif(shutil.which("c++") is None, reason="needs a C++ compiler")
+def test_host_pass_falls_back_without_a_module_id(tmp_path):
+    folder = tmp_path / "b"
+    line = _host_unit(folder, "_cccc_7_cuda_cu_3", 3)
+    (folder / "nvcc" / "cuda.module_id").unlink()
+    note = _host_pass(line, folder, tmp_path / "cache")
+    assert note == "host-pch:plain" and (folder / "cuda.cuda.o").is_file()

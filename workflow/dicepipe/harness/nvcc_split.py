@@ -1,0 +1,233 @@
+"""One nvcc compile run phase by phase, its host pass against a precompiled header.
+
+A `.cu` that includes torch's headers costs three full parses of them: cudafe++ (host side),
+cicc (device side) and the host compiler on cudafe++'s output. The first two are nvcc's and
+stay as they are. The third compiles `cuda.cudafe1.cpp`: torch's headers as cudafe++ wrote
+them, then the candidate's own code. That header part is the same text for every candidate
+with the same includes and flags, except for one name, the translation unit's module id
+(which names its anonymous namespaces). So the host pass here:
+
+1. runs nvcc with `--dryrun --keep` to get its exact phase commands, and runs them in order,
+   all but the host compile;
+2. as soon as cudafe++ is done (beside cicc), cuts `cuda.cudafe1.cpp` where the candidate's
+   file begins, writes the module id as a same-length placeholder in both parts, and
+   precompiles the header part once per (text, flags) into the cache; a build that finds
+   another builder making it waits, holding no CPU slot;
+3. compiles `#include "<prefix>"` + the candidate's part with the very same command.
+
+gcc guarantees a precompiled header compiles as the text it came from, so the object is the
+one the plain host pass makes, but for the anonymous namespaces' (hidden) name (checked:
+same disassembly, symbols and section bytes once the name is written back); the device
+code and the registration of kernels and variables (which go by the device names in the
+stub) are nvcc's own. Anything unexpected (no module id, no cut point, a failed header or
+compile) falls back to the plain host command, and the note says so.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import json
+import os
+import re
+import shlex
+import subprocess
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from .compile_steps import StepError, cpu_slot, run_command
+
+
+def placeholder(module_id: str) -> str:
+    """A fixed stand-in of the same length, so mangled names keep their length prefixes."""
+    return "_" + "0" * (len(module_id) - 1)
+
+# A host precompiled header is ~1 GB: beyond this many distinct header sets, compile plainly.
+MAX_HOST_HEADERS = 12
+_ASSIGN = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=")
+
+
+def dryrun_lines(command: str, folder: Path, keep: Path) -> list[str]:
+    """nvcc's phase lines (assignments and commands) for `command`, intermediates in keep/."""
+    proc = subprocess.run(["/bin/sh", "-c", f"{command} --dryrun --keep --keep-dir {keep}"],
+                          cwd=folder, capture_output=True, text=True, check=False)
+    if proc.returncode != 0:
+        raise StepError(f"nvcc --dryrun failed: {proc.stderr[-2000:]}")
+    # "-- Filter Dependencies -- > x.d" is no command: nvcc's own step writing the .d file
+    # ninja would read; this build keeps no dependency files.
+    return [line[3:] for line in (proc.stdout + proc.stderr).splitlines()
+            if line.startswith("#$ ") and not line[3:].startswith("--")]
+
+
+def host_compile_index(lines: list[str]) -> int | None:
+    """The last command compiling cudafe++'s output on the host."""
+    for i in range(len(lines) - 1, -1, -1):
+        line = lines[i]
+        if not _ASSIGN.match(line) and ".cudafe1.cpp" in line and " -c " in f" {line} ":
+            return i
+    return None
+
+
+def phase_env(lines: list[str]) -> dict:
+    """The environment nvcc gives its tools: its variable lines (PATH, CICC_PATH, ...).
+
+    They are not all valid shell (`SYSTEM_INCLUDES="-isystem" "..."`), so they are read here
+    as nvcc means them, name=rest of line; the commands come already expanded but for these.
+    """
+    env = dict(os.environ)
+    for line in lines:
+        if _ASSIGN.match(line):
+            name, _, value = line.partition("=")
+            env[name] = value.strip()
+    return env
+
+
+def script(lines: list[str]) -> str:
+    return "set -e\n" + "\n".join(line for line in lines if not _ASSIGN.match(line)) + "\n"
+
+
+def compile_cuda(step: dict, folder: Path, cache: Path, log: list[str]) -> str:
+    """Run one cuda_compile step; returns a note on how its host pass went."""
+    command = step["command"]
+    source = step["in"][0] if step["in"] else ""
+    if source and Path(source).resolve().parent == folder.resolve():
+        # a stable name: the header text must not name the (per-build) folder
+        command = re.sub(re.escape(source) + r"(?=\s|$)", Path(source).name, command)
+    keep = folder / "nvcc"
+    keep.mkdir(exist_ok=True)
+    lines = dryrun_lines(command, folder, Path(keep.name))
+    index = host_compile_index(lines)
+    if index is None:
+        run_command(command, folder, cache, log)
+        return "host-pch:not-split"
+    env = phase_env(lines)
+    front = next((k for k in range(index) if lines[k].startswith("cudafe++")), None)
+    if front is None:
+        run_command(script(lines[:index]), folder, cache, log, env)
+        header = _prepare_host(lines[index], folder, keep, cache, env)
+    else:
+        run_command(script(lines[:front + 1]), folder, cache, log, env)
+        # cudafe++ has written the host side and the module id: a missing header is made
+        # while cicc and ptxas work on the device side (the first builds of a batch wait
+        # for it, so this is their critical path)
+        with ThreadPoolExecutor(max_workers=1) as pool:
+            pending = pool.submit(_prepare_host, lines[index], folder, keep, cache, env)
+            run_command(script(lines[front + 1:index]), folder, cache, log, env)
+            header = pending.result()
+    note = _host_pass(lines[index], header, folder, cache, log, env)
+    if index + 1 < len(lines):
+        run_command(script(lines[index + 1:]), folder, cache, log, env)
+    return note
+
+
+def _prepare_host(line: str, folder: Path, keep: Path, cache: Path, env: dict) -> dict:
+    """Cut cudafe++'s output and make sure its header part is precompiled."""
+    try:
+        argv = shlex.split(line)
+    except ValueError:
+        argv = []
+    parts = _split_unit(argv, folder, keep) if argv and "$" not in line else None
+    if parts is None:
+        return {"state": "plain"}
+    inp, out, prefix, suffix, source, original = parts
+    base = [a for k, a in enumerate(argv) if k not in (inp, out, out - 1)]
+    digest = hashlib.sha256(json.dumps([prefix, base]).encode()).hexdigest()[:24]
+    header_dir = cache / "pch-cuda-host" / digest
+    try:
+        state = _ensure_header(header_dir, prefix, base, folder, cache, env)
+    except OSError as exc:
+        state = f"error:{exc.__class__.__name__}"
+    return {"state": state, "argv": argv, "source": source, "original": original,
+            "unit": f'#include "{header_dir / "prefix.h"}"\n{suffix}'}
+
+
+def _host_pass(line: str, header: dict, folder: Path, cache: Path, log: list[str],
+               env: dict) -> str:
+    plain = script([line])
+    state = header["state"]
+    if state not in ("hit", "built"):
+        run_command(plain, folder, cache, log, env)
+        return f"host-pch:{state}"
+    # The unit takes cudafe1.cpp's place (same folder for its quoted includes, same file
+    # name for the names gcc derives from it); the original comes back for a plain pass.
+    header["source"].write_text(header["unit"])
+    try:
+        output = run_command(shlex.join(header["argv"] + ["-Winvalid-pch"]), folder, cache,
+                             log, env)
+    except StepError as exc:
+        log.append(f"host pass against the precompiled header failed; plain pass: {exc}")
+        header["source"].write_text(header["original"])
+        run_command(plain, folder, cache, log, env)
+        return "host-pch:fallback"
+    if "invalid" in output and ".gch" in output:
+        return f"host-pch:{state}-unused"
+    return f"host-pch:{state}"
+
+
+def _split_unit(argv: list[str], folder: Path, keep: Path):
+    """(input index, output index, header text, unit text, path, original text), the module
+    id replaced by its placeholder in both parts."""
+    try:
+        out = argv.index("-o") + 1
+    except ValueError:
+        return None
+    inp = next((k for k, a in enumerate(argv) if a.endswith(".cudafe1.cpp")), None)
+    ids = list(keep.glob("*.module_id"))
+    if inp is None or out >= len(argv) or len(ids) != 1:
+        return None
+    module_id = ids[0].read_text().strip()
+    source = Path(argv[inp])
+    source = source if source.is_absolute() else folder / source
+    if not module_id or not source.is_file():
+        return None
+    text = source.read_text()
+    first = text.split("\n", 1)[0]
+    match = re.match(r'^# 1 ("[^"]+")$', first)
+    if not match:
+        return None
+    marker = re.compile(r'\n# \d+ ' + re.escape(match.group(1)) + r'\n')
+    found = marker.search(text, len(first))
+    if found is None:
+        return None
+    prefix, suffix = text[:found.start() + 1], text[found.start() + 1:]
+    prefix = prefix.replace(module_id, placeholder(module_id))
+    suffix = suffix.replace(module_id, placeholder(module_id))
+    return inp, out, prefix, suffix, source, text
+
+
+def _ensure_header(header_dir: Path, prefix: str, base: list[str], folder: Path,
+                   cache: Path, env: dict) -> str:
+    gch = header_dir / "prefix.h.gch"
+    if gch.is_file():
+        return "hit"
+    if (header_dir / "failed").is_file():
+        return "failed-before"
+    root = header_dir.parent
+    root.mkdir(parents=True, exist_ok=True)
+    if not header_dir.is_dir() and sum(1 for _ in root.iterdir()) >= MAX_HOST_HEADERS:
+        return "full"
+    header_dir.mkdir(exist_ok=True)
+    with open(header_dir / "lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # waits, holding no CPU slot, for a builder making it
+        if gch.is_file():
+            return "hit"
+        if (header_dir / "failed").is_file():
+            return "failed-before"
+        header = header_dir / "prefix.h"
+        tmp_header = header_dir / f"prefix.h.{os.getpid()}"
+        tmp_header.write_text(prefix)
+        os.replace(tmp_header, header)
+        tmp = header_dir / f"prefix.h.gch.{os.getpid()}"
+        cmd = [a for a in base if a != "-c"]
+        for k in range(len(cmd) - 1):
+            if cmd[k] == "-x":
+                cmd[k + 1] = "c++-header"
+        with cpu_slot(cache):
+            proc = subprocess.run(cmd + [str(header), "-o", str(tmp)], cwd=folder,
+                                  capture_output=True, text=True, env=env, check=False)
+        if proc.returncode != 0 or not tmp.is_file():
+            tmp.unlink(missing_ok=True)
+            (header_dir / "failed").write_text(proc.stderr[-4000:])
+            return "failed"
+        os.replace(tmp, gch)
+        return "built"
