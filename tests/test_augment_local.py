@@ -47,3 +47,25 @@ def test_tiny_local_model_generates_and_reports_no_code(params, tmp_path):
     draft = author.write(task, 0)
     assert draft.code is None and draft.failure == "author_no_code"
     assert author.write(task, 0) == draft  # greedy decoding: the same answer again
+
+
+def test_dicepipe_checkpoint_decodes_through_the_block_diffusion_engine(params, tmp_path):
+    """A folder written by `save_model` (what `dicepipe sft` leaves) is decoded by the
+    model package's Decoder (block diffusion, stop at the end token), not plain generate."""
+    from dicepipe.model.loading import build_tiny, save_model
+    from dicepipe.model.tokenizer import train_tiny_tokenizer
+
+    texts = [task.reference_code for task in generate_tasks(params["augment"], "cpu")]
+    spec = {"kind": "tiny", "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
+            "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 8,
+            "vocab_size": 400, "max_position_embeddings": 8192, "block_size": 4, "seed": 0}
+    save_model(tmp_path / "author", build_tiny(spec, train_tiny_tokenizer(texts, 400)))
+    settings = copy.deepcopy(params["augment"])
+    settings["author"] = "local"
+    settings["local"].update(path=str(tmp_path / "author"), max_new_tokens=8, temperature=0.0)
+    author = make_author(settings, "cpu")
+    task = generate_tasks(settings, "cpu")[0]
+    draft = author.write(task, 0)
+    assert author._decoder is not None and not author._decoder.settings.causal
+    assert draft.code is None and draft.failure == "author_no_code"
+    assert author.write(task, 0) == draft  # greedy: the same answer again

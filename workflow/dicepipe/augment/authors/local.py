@@ -1,9 +1,11 @@
-"""The `local` author: a causal language model on local disk, through transformers.
+"""The `local` author: a language model on local disk.
 
 It sends the same one-shot prompt as the endpoint author (through the tokenizer's chat
-template when it has one) and takes the first fenced code block of the answer. Decoding is
-a plain `generate`; block-diffusion models will plug in the model package's decoding
-here once it exists."""
+template when it has one) and takes the first fenced code block of the answer. A checkpoint
+written by this project (`dicepipe sft`, block settings beside the weights) decodes through
+the model package's `Decoder`: block diffusion for SDAR-style models, stopping per row at
+the end token, or its autoregressive path for causal ones. Any other transformers causal LM
+falls back to a plain `generate`."""
 
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ from pathlib import Path
 
 from ...data import extract, prompts
 from ...errors import ModelError
+from ...model.settings import BLOCK_SETTINGS_FILE
 from ..tasks import Task
 from . import Draft
 
@@ -38,6 +41,7 @@ class LocalAuthor:
             )
         self._model = None
         self._tokenizer = None
+        self._decoder = None
 
     def fingerprint(self) -> str:
         config = (self.path / "config.json").read_bytes()
@@ -46,6 +50,17 @@ class LocalAuthor:
         return "local:" + json.dumps(parts)
 
     def _load(self):
+        if self._model is None and (self.path / BLOCK_SETTINGS_FILE).is_file():
+            import torch
+
+            from ...model.decode import Decoder
+            from ...model.loading import load_saved
+
+            device = "cuda" if torch.cuda.is_available() else "cpu"
+            log.info("loading the local author model from %s (dicepipe checkpoint)", self.path)
+            loaded = load_saved(self.path, device=device)
+            self._model, self._tokenizer = loaded.model.eval(), loaded.tokenizer
+            self._decoder = Decoder(self._model, loaded.settings)
         if self._model is None:
             import torch
             from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -75,6 +90,28 @@ class LocalAuthor:
         ids = ids.to(model.device)
         digest = hashlib.sha256(f"{self.seed}:{task.task_id}:{attempt}".encode()).hexdigest()
         torch.manual_seed(int(digest[:8], 16))
+        if self._decoder is not None:
+            text = self._decode_with_engine(ids[0].tolist(), tokenizer, digest)
+        else:
+            text = self._plain_generate(model, tokenizer, ids)
+        code = extract.pick_block(text, "first")
+        if not code or not code.strip():
+            return Draft(failure="author_no_code", detail=text[:300])
+        return Draft(code=extract.normalise_code(code))
+
+    def _decode_with_engine(self, prompt: list[int], tokenizer, digest: str) -> str:
+        from ...model.decode import DecodeSettings
+
+        greedy = self.temperature <= 0
+        cfg = DecodeSettings(max_new_tokens=self.max_new_tokens,
+                             temperature=1.0 if greedy else self.temperature,
+                             top_k=1 if greedy else 0, seed=int(digest[8:16], 16))
+        generation = self._decoder.generate([prompt], cfg).generations[0]
+        return tokenizer.decode(generation.token_ids, skip_special_tokens=True)
+
+    def _plain_generate(self, model, tokenizer, ids) -> str:
+        import torch
+
         sampling = self.temperature > 0
         with torch.no_grad():
             output = model.generate(
@@ -83,8 +120,4 @@ class LocalAuthor:
                 top_p=None, top_k=None,
                 pad_token_id=tokenizer.pad_token_id if tokenizer.pad_token_id is not None
                 else tokenizer.eos_token_id)
-        text = tokenizer.decode(output[0, ids.shape[1]:], skip_special_tokens=True)
-        code = extract.pick_block(text, "first")
-        if not code or not code.strip():
-            return Draft(failure="author_no_code", detail=text[:300])
-        return Draft(code=extract.normalise_code(code))
+        return tokenizer.decode(output[0, ids.shape[1]:], skip_special_tokens=True)
