@@ -208,6 +208,7 @@ def main() -> None:
               "settings": {"timing_trials": args.timing_trials,
                            "interval_confidence": base.interval_confidence,
                            "timing_noise_floor": base.timing_noise_floor,
+                           "timing_noise_floor_cpu": base.timing_noise_floor_cpu,
                            "cpu_clock": args.cpu_clock, "cpu_threads": args.cpu_threads,
                            "synthetic_repeats": args.synthetic_repeats},
               "command": " ".join(sys.argv)}

@@ -64,8 +64,9 @@ def run_timing(get_inputs, ref_model, cand_model, seed: int, settings: dict, dev
             return measure_interleaved(ref_model, cand, sets, settings["warmup_trials"],
                                        settings["timing_trials"], clock, base)
 
+    noise_floor = settings["timing_noise_floor_cpu" if device == "cpu" else "timing_noise_floor"]
     records, pooled = run_repeats(measure, settings["repeats"], settings["decision_thresholds"],
-                                  settings["interval_confidence"], settings["timing_noise_floor"])
+                                  settings["interval_confidence"], noise_floor)
     out = {
         "ref_runtime_ms": [r["ref_ms"] for r in records],
         "cand_runtime_ms": [r["cand_ms"] for r in records],
