@@ -71,6 +71,9 @@ def main() -> None:
                                 f"/{sum(r['builds_total'] for r in second)}",
         "correct": f"{sum(r['correct'] for r in second)}/{len(second)}",
         "verdicts_same": [r["correct"] for r in first] == [r["correct"] for r in second],
+        "first_failures": {r["job_id"]: {"error": (r["error"] or "")[-1500:],
+                                         "log": (r["compile_log_tail"] or "")[-1500:]}
+                           for r in first if not r["correct"]},
     }
     print(json.dumps(report, indent=1))
     if args.out:

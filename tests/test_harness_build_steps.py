@@ -114,3 +114,34 @@ def test_host_pass_falls_back_without_a_module_id(tmp_path):
     (folder / "nvcc" / "cuda.module_id").unlink()
     note = _host_pass(line, folder, tmp_path / "cache")
     assert note == "host-pch:plain" and (folder / "cuda.cuda.o").is_file()
+
+
+def test_a_queued_build_reports_waiting_until_it_gets_a_slot(tmp_path, monkeypatch):
+    """Waiting for a CPU slot sends heartbeats (the build's timeout must not count the
+    queue); taking the slot sends "build"; a holder of a slot sends nothing more."""
+    import fcntl
+
+    monkeypatch.setenv(compile_steps.SLOTS_ENV, "1")
+    monkeypatch.setattr(compile_steps, "HEARTBEAT_S", 0.05)
+    phases: list[str] = []
+    monkeypatch.setattr(compile_steps, "_wait_state", {"held": 0, "hook": None, "last": 0.0})
+    compile_steps.set_wait_hook(phases.append)
+    slot = tmp_path / "slots" / "1" / "0.lock"
+    slot.parent.mkdir(parents=True)
+    other = open(slot, "w")  # another builder holds the only slot
+    fcntl.flock(other, fcntl.LOCK_EX)
+    done = threading.Event()
+
+    def build():
+        with compile_steps.cpu_slot(tmp_path):
+            time.sleep(0.3)  # compiling: no heartbeats now
+        done.set()
+
+    thread = threading.Thread(target=build)
+    thread.start()
+    time.sleep(0.5)
+    assert phases and set(phases) == {"build:queued"}
+    other.close()  # the slot frees up
+    thread.join(timeout=10)
+    assert done.is_set()
+    assert phases[-1] == "build" and phases.count("build") == 1

@@ -16,7 +16,6 @@ builder making it waits for it rather than parse torch's headers itself.
 
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import inspect
 import json
@@ -29,7 +28,7 @@ import time
 from pathlib import Path
 
 from .buildspec import build_dir, module_name, spec_uses_cuda
-from .compile_steps import StepError, cpu_slot, run_steps
+from .compile_steps import StepError, cpu_slot, run_steps, wait_for_lock
 from .nvcc_split import compile_cuda
 
 LOG_LIMIT = 6000
@@ -183,7 +182,7 @@ def _ensure_pch(ninja_file: Path, pch_dir: Path, cache: Path) -> str:
         return "pch:hit"
     target.parent.mkdir(parents=True, exist_ok=True)
     with open(pch_dir / "lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
+        wait_for_lock(lock)
         if target.is_file() and (pch_dir / "torch" / "extension.h").exists():
             return "pch:hit"
         if (pch_dir / "failed").is_file():

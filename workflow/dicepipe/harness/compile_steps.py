@@ -87,6 +87,44 @@ def plan(ninja_file: Path) -> tuple[list[dict], dict | None]:
     return compiles, link
 
 
+# Waiting for a CPU slot or for another builder's precompiled header is queueing, not
+# building: while this process holds no slot, it tells the orchestrator so every few seconds
+# (`set_wait_hook`), and the build's timeout counts from its last such message. A process
+# holding a slot sends nothing, so a hung compile still times out and frees its slot.
+HEARTBEAT_S = 5.0
+_wait_state = {"held": 0, "hook": None, "last": 0.0}
+_wait_lock = threading.Lock()
+
+
+def set_wait_hook(hook) -> None:
+    """`hook(phase)`: "build:queued" (throttled) while this process waits holding no CPU
+    slot, "build" when it takes its first slot (the build's own time starts there)."""
+    _wait_state["hook"] = hook
+
+
+def waiting() -> None:
+    with _wait_lock:
+        hook = _wait_state["hook"]
+        now = time.monotonic()
+        if hook is None or _wait_state["held"] or now - _wait_state["last"] < HEARTBEAT_S:
+            return
+        _wait_state["last"] = now
+        hook("build:queued")
+
+
+def wait_for_lock(handle) -> None:
+    """An exclusive flock on `handle`, waited for with heartbeats."""
+    delay = 0.05
+    while True:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            waiting()
+            time.sleep(delay)
+            delay = min(delay * 2, 0.5)
+
+
 @contextlib.contextmanager
 def cpu_slot(cache: Path):
     """Hold one of the machine's CPU slots (none when the slot count is not set)."""
@@ -107,11 +145,18 @@ def cpu_slot(cache: Path):
             except BlockingIOError:
                 handle.close()
                 continue
+            with _wait_lock:
+                _wait_state["held"] += 1
+                if _wait_state["held"] == 1 and _wait_state["hook"] is not None:
+                    _wait_state["hook"]("build")
             try:
                 yield
             finally:
+                with _wait_lock:
+                    _wait_state["held"] -= 1
                 handle.close()
             return
+        waiting()
         time.sleep(delay)
         delay = min(delay * 2, 0.25)
 

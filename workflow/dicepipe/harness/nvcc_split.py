@@ -25,7 +25,6 @@ compile) falls back to the plain host command, and the note says so.
 
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import json
 import os
@@ -35,7 +34,7 @@ import subprocess
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from .compile_steps import StepError, cpu_slot, run_command
+from .compile_steps import StepError, cpu_slot, run_command, wait_for_lock
 
 
 def placeholder(module_id: str) -> str:
@@ -208,7 +207,7 @@ def _ensure_header(header_dir: Path, prefix: str, base: list[str], folder: Path,
         return "full"
     header_dir.mkdir(exist_ok=True)
     with open(header_dir / "lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # waits, holding no CPU slot, for a builder making it
+        wait_for_lock(lock)  # waits, holding no CPU slot, for a builder making it
         if gch.is_file():
             return "hit"
         if (header_dir / "failed").is_file():

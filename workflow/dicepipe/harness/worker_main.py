@@ -139,8 +139,11 @@ def _serve_extract(cfg: dict, channel) -> None:
 
 def _serve_build(cfg: dict, channel) -> None:
     from .builder import build_spec
+    from .compile_steps import set_wait_hook
 
     cache = Path(cfg["cache_dir"])
+    # Queued, not stuck: each message moves this build's deadline forward (see compile_steps).
+    set_wait_hook(lambda phase: channel.send({"op": "phase", "phase": phase}))
     while True:
         msg = channel.recv()
         if msg is None or msg.get("op") == "stop":
