@@ -189,7 +189,10 @@ def main() -> None:
                         help="up to this many repeats per synthetic job (repeat rule at 1.0)")
     parser.add_argument("--cpu-clock", choices=["cpu", "wall"], default="cpu")
     parser.add_argument("--cpu-threads", type=int, default=1, help="0 = one per core")
-    parser.add_argument("--timing-trials", type=int, default=50)
+    parser.add_argument("--timing-trials", type=int, default=None,
+                        help="trials per repeat (default: the harness's, 50 cuda / 400 cpu)")
+    parser.add_argument("--cpu-floor", type=float, default=None,
+                        help="timing_noise_floor_cpu (default: the harness's)")
     parser.add_argument("--cache-dir", default=".cache/dicepipe/builds")
     parser.add_argument("--skip-synthetic", action="store_true")
     parser.add_argument("--progress", action="store_true")
@@ -201,11 +204,15 @@ def main() -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     if args.numel is None:
         args.numel = 2**25 if args.backend == "cuda" else 2**20
-    base = HarnessSettings(timing_trials=args.timing_trials, cache_dir=args.cache_dir,
-                           build_workers=2, use_pch=False, cpu_clock=args.cpu_clock,
-                           cpu_threads=args.cpu_threads)
+    base = HarnessSettings(cache_dir=args.cache_dir, build_workers=2, use_pch=False,
+                           cpu_clock=args.cpu_clock, cpu_threads=args.cpu_threads)
+    trials_key = "timing_trials_cpu" if args.backend == "cpu" else "timing_trials"
+    if args.timing_trials is not None:
+        base = dataclasses.replace(base, **{trials_key: args.timing_trials})
+    if args.cpu_floor is not None:
+        base = dataclasses.replace(base, timing_noise_floor_cpu=args.cpu_floor)
     report = {"backend": args.backend, "machine": platform.node(), "cpu": platform.processor(),
-              "settings": {"timing_trials": args.timing_trials,
+              "settings": {"timing_trials": getattr(base, trials_key),
                            "interval_confidence": base.interval_confidence,
                            "timing_noise_floor": base.timing_noise_floor,
                            "timing_noise_floor_cpu": base.timing_noise_floor_cpu,

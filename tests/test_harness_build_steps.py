@@ -145,3 +145,51 @@ def test_a_queued_build_reports_waiting_until_it_gets_a_slot(tmp_path, monkeypat
     thread.join(timeout=10)
     assert done.is_set()
     assert phases[-1] == "build" and phases.count("build") == 1
+
+
+CU = ("#include <torch/types.h>\n#include <cuda.h>\n#include <cuda_runtime.h>\n"
+      "#include <torch/extension.h>\n__global__ void k() {}\n")
+
+
+def _fake_nvcc(monkeypatch, fail_without_extension: bool):
+    """Records the text each compile saw; fails a light compile when told to."""
+    seen = []
+
+    def compile_once(step, folder, cache, log):
+        text = (folder / "cuda.cu").read_text()
+        seen.append(text)
+        if fail_without_extension and "<torch/extension.h>" not in text.replace(
+                nvcc_split._LEFT_OUT, ""):
+            raise compile_steps.StepError("error: namespace py is undefined")
+        return "host-pch:built"
+
+    monkeypatch.setattr(nvcc_split, "_compile_cuda", compile_once)
+    return seen
+
+
+@pytest.mark.parametrize("needs_full", [False, True])
+def test_light_headers_compile_first_and_fall_back_on_error(tmp_path, monkeypatch, needs_full):
+    (tmp_path / "cuda.cu").write_text(CU)
+    seen = _fake_nvcc(monkeypatch, needs_full)
+    log: list[str] = []
+    note = nvcc_split.compile_cuda({"in": ["cuda.cu"], "command": "nvcc"}, tmp_path, tmp_path,
+                                   log, light_headers=True)
+    assert "#include <torch/extension.h>" not in seen[0]
+    assert seen[0].count("\n") == CU.count("\n")  # same lines: messages point at the source
+    if needs_full:
+        assert note.endswith(",full-headers") and seen[1] == CU and len(seen) == 2
+        assert "compiling as written" in log[0]
+    else:
+        assert note.endswith(",light-headers") and len(seen) == 1
+    assert (tmp_path / "cuda.cu").read_text() == CU  # the folder keeps the candidate's text
+
+
+@pytest.mark.parametrize("text,light", [(CU, False),  # switched off
+                                        (CU.replace("#include <torch/types.h>\n", ""), True)])
+def test_light_headers_leave_other_sources_alone(tmp_path, monkeypatch, text, light):
+    # without load_inline's torch/types.h first (no_implicit_headers) nothing is left out
+    (tmp_path / "cuda.cu").write_text(text)
+    seen = _fake_nvcc(monkeypatch, True)
+    note = nvcc_split.compile_cuda({"in": ["cuda.cu"], "command": "nvcc"}, tmp_path, tmp_path,
+                                   [], light_headers=light)
+    assert seen == [text] and note == "host-pch:built"

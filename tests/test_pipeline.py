@@ -50,7 +50,8 @@ def fast_params(path: Path) -> None:
     """Trim measurement effort; keep every stage and the shipped data."""
     params = yaml.safe_load(path.read_text())
     params["verify"]["repeats"] = 1
-    params["harness"].update(correct_trials=2, warmup_trials=1, timing_trials=10)
+    params["harness"].update(correct_trials=2, warmup_trials=1, timing_trials=10,
+                             timing_trials_cpu=10)
     params["sft"]["overrides"]["tiny"].update(epochs=2)
     params["augment"].update(attempts=1, repeats=1)
     params["augment"]["max_tasks"]["cpu"] = 2

@@ -67,8 +67,12 @@ def write_sources(spec: dict, folder: Path) -> list[str]:
     return [str(s) for s in sources]
 
 
-def build_spec(spec: dict, key: str, cache: Path, use_pch: bool) -> dict:
-    """Build into cache/ext/<key>/ unless already there; return the status dict."""
+def build_spec(spec: dict, key: str, cache: Path, use_pch: bool,
+               light_headers: bool = False) -> dict:
+    """Build into cache/ext/<key>/ unless already there; return the status dict.
+
+    use_pch and light_headers change how a source compiles, never what it does, so they are
+    not part of the key (see nvcc_split.compile_cuda for light_headers)."""
     final = build_dir(cache, key)
     status_file = final / "status.json"
     if status_file.is_file():
@@ -79,7 +83,7 @@ def build_spec(spec: dict, key: str, cache: Path, use_pch: bool) -> dict:
     tmp = tmp_root / f"{key}.{os.getpid()}.{time.monotonic_ns()}"
     tmp.mkdir()
     start = time.monotonic()
-    status = _compile(spec, key, tmp, cache, use_pch)
+    status = _compile(spec, key, tmp, cache, use_pch, light_headers)
     status["seconds"] = round(time.monotonic() - start, 3)
     for junk in list(tmp.glob("*.o")) + list(tmp.glob("*.o.d")) + list(tmp.glob(".ninja_*")):
         junk.unlink(missing_ok=True)
@@ -95,16 +99,18 @@ def build_spec(spec: dict, key: str, cache: Path, use_pch: bool) -> dict:
     return status
 
 
-def _compile(spec: dict, key: str, folder: Path, cache: Path, use_pch: bool) -> dict:
+def _compile(spec: dict, key: str, folder: Path, cache: Path, use_pch: bool,
+             light_headers: bool) -> dict:
     name = module_name(key)
     with_cuda = spec_uses_cuda(spec)
     sources = write_sources(spec, folder)
     pch_dir = None
     if use_pch and _compiler_is_gcc():
         pch_dir = cache / "pch" / _pch_signature(spec, with_cuda)
-    status = _run_build(spec, name, sources, folder, with_cuda, pch_dir, cache)
+    status = _run_build(spec, name, sources, folder, with_cuda, pch_dir, cache, light_headers)
     if not status["ok"] and pch_dir is not None and _PCH_TROUBLE.search(status["log_tail"]):
-        status = _run_build(spec, name, sources, folder, with_cuda, None, cache)  # safety net
+        status = _run_build(spec, name, sources, folder, with_cuda, None, cache,  # safety net
+                            light_headers)
         status["pch"] = "pch:retried-without"
     return status
 
@@ -114,7 +120,7 @@ _PCH_TROUBLE = re.compile(r"\.gch|precompiled|torch/extension\.h")
 
 
 def _run_build(spec: dict, name: str, sources: list[str], folder: Path, with_cuda: bool,
-               pch_dir: Path | None, cache: Path) -> dict:
+               pch_dir: Path | None, cache: Path, light_headers: bool = False) -> dict:
     from torch.utils import cpp_extension as ce
 
     include_paths = list(spec["extra_include_paths"])
@@ -139,7 +145,7 @@ def _run_build(spec: dict, name: str, sources: list[str], folder: Path, with_cud
             return _ensure_pch(ninja_file, pch_dir, cache)
 
         def cuda_compile(step: dict, log: list[str]) -> str:
-            return compile_cuda(step, folder, cache, log)
+            return compile_cuda(step, folder, cache, log, light_headers)
 
         notes = run_steps(ninja_file, cache, before_compile, cuda_compile) or notes
     except (StepError, RuntimeError, OSError, subprocess.SubprocessError) as exc:

@@ -41,6 +41,7 @@ class _CandidateCalls:
 def run_timing(get_inputs, ref_model, cand_model, seed: int, settings: dict, device: str,
                counter, ctx) -> dict:
     clock = Clock(device, settings.get("cpu_clock", "wall"))
+    trials = settings["timing_trials_cpu" if device == "cpu" else "timing_trials"]
     sample = C.draw_inputs(get_inputs, seed + 90_000, device)
     n_sets = _num_input_sets(sample, device, settings)
     del sample
@@ -55,14 +56,14 @@ def run_timing(get_inputs, ref_model, cand_model, seed: int, settings: dict, dev
             if device == "cuda" and settings["cuda_graphs"]:
                 before = counter.calls
                 timed = measure_graphs(ref_model, cand_model, sets, settings["warmup_trials"],
-                                       settings["timing_trials"], clock, base)
+                                       trials, clock, base)
                 if timed is not None:
                     mode["value"] = "cuda_graphs"
                     if counter.calls == before:
                         cand.without_extension += 1
                     return timed
             return measure_interleaved(ref_model, cand, sets, settings["warmup_trials"],
-                                       settings["timing_trials"], clock, base)
+                                       trials, clock, base)
 
     noise_floor = settings["timing_noise_floor_cpu" if device == "cpu" else "timing_noise_floor"]
     records, pooled = run_repeats(measure, settings["repeats"], settings["decision_thresholds"],

@@ -46,6 +46,7 @@ class HarnessSettings:
     rtol_low_precision: float = 1e-2
     warmup_trials: int = 3
     timing_trials: int = 50
+    timing_trials_cpu: int = 400
     launch_bound_floor_ms: float = 0.1
     cuda_graphs: bool = False
     cpu_clock: str = "cpu"
@@ -59,6 +60,7 @@ class HarnessSettings:
     max_open_files: int = 1024
     build_workers: int = 0
     use_pch: bool = True
+    cuda_light_headers: bool = True
     robust: bool = True
     seed: int = 0
     cache_dir: str = DEFAULT_CACHE_DIR
@@ -79,8 +81,9 @@ class HarnessSettings:
         if self.cpu_threads < 0:
             raise HarnessError(f"harness.cpu_threads={self.cpu_threads}: expected >= 0 "
                                "(0 = torch's default, one per core).")
-        if self.timing_trials < 3:
-            raise HarnessError(f"harness.timing_trials={self.timing_trials}: expected >= 3.")
+        for name in ("timing_trials", "timing_trials_cpu"):
+            if getattr(self, name) < 3:
+                raise HarnessError(f"harness.{name}={getattr(self, name)}: expected >= 3.")
 
     @classmethod
     def from_params(

@@ -149,7 +149,8 @@ def _serve_build(cfg: dict, channel) -> None:
         if msg is None or msg.get("op") == "stop":
             return
         try:
-            status = build_spec(msg["spec"], msg["key"], cache, msg["use_pch"])
+            status = build_spec(msg["spec"], msg["key"], cache, msg["use_pch"],
+                                msg.get("light_headers", False))
         except Exception as exc:
             status = {"ok": False, "transient": True, "log_tail": f"builder error: {exc!r}"}
         channel.send({"op": "result", "status": status})
