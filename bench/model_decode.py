@@ -4,7 +4,9 @@ graphs; optionally the per-token layer parts torch.compile'd; by default the Tri
 attention, fused q|k|v and gate|up projections and the output layer at masked positions
 only, the MLP + next-norm/projection boundary compiled as one graph, the prefill's parts
 compiled ("session1" cases switch all of these off, "session2a" the last two); "overlap"
-cases run forwards of >= N tokens as two half-batches on two CUDA streams. Against the
+cases run forwards of >= N tokens as two half-batches on two CUDA streams; "fp8_kv" cases
+keep the KV cache in float8 (changes numerics; their greedy tokens are compared with the
+first default-dtype case of the same shape in the run: token_agreement). Against the
 straightforward loop (no CUDA graphs, separate KV-write forward per block) and the
 autoregressive loop of the same engine. Stop tokens are off so every row writes all its
 tokens: tokens/s = rows x new tokens / wall time of generate() (prefill included; graph
@@ -29,12 +31,12 @@ from dicepipe.model.shapes import SDAR_MASK_ID, SHAPES, qwen3_config, random_qwe
 
 def _case(name, shape, batch, mode="block", new_tokens=1024, graphs=True, fused=True,
           temperature=0.0, strategy="static", compiled=False, attention="auto", proj=True,
-          masked=True, prompt_len=None, boundary=True, prefill=True, overlap=None) -> dict:
+          masked=True, prompt_len=None, boundary=True, prefill=True, overlap=None, kv=None) -> dict:
     return {"name": name, "shape": shape, "batch": batch, "mode": mode, "new_tokens": new_tokens,
             "graphs": graphs, "fused": fused, "temperature": temperature, "strategy": strategy,
             "compiled": compiled, "attention": attention, "fuse_projections": proj,
             "masked_logits": masked, "prompt_len": prompt_len, "fuse_boundary": boundary,
-            "compile_prefill": prefill, "overlap_min_tokens": overlap}
+            "compile_prefill": prefill, "overlap_min_tokens": overlap, "kv_cache": kv}
 
 
 def _session1(name, shape, batch, **kw) -> dict:
@@ -80,6 +82,9 @@ CASES = [
     _case("diffusion_compiled_eager_prefill", "4b", 128, compiled=True, prefill=False),
     _case("diffusion_compiled_overlap_8_query_forward_only", "4b", 128, compiled=True, overlap=1024),
     _case("diffusion_compiled_overlap", "4b", 128, compiled=True, overlap=512),
+    # 28-: session 3 (optional float8 KV cache: changes numerics; agreement with case 0 reported)
+    _case("diffusion_compiled_fp8_kv", "4b", 128, compiled=True, kv="float8_e4m3fn"),
+    _case("diffusion_compiled_fp8_kv", "1.7b", 64, compiled=True, kv="float8_e4m3fn"),
 ]
 
 
@@ -131,13 +136,15 @@ def run_case(models: dict, case: dict, prompt_len: int, profile_path: str | None
     decoder = Decoder(lm, settings, cuda_graphs=graphs, compile_layers=case["compiled"],
                       attention=case["attention"], fuse_projections=case["fuse_projections"],
                       masked_logits=case["masked_logits"], fuse_boundary=case["fuse_boundary"],
-                      compile_prefill=case["compile_prefill"], overlap_min_tokens=case["overlap_min_tokens"])
+                      compile_prefill=case["compile_prefill"], overlap_min_tokens=case["overlap_min_tokens"],
+                      kv_cache_dtype=getattr(torch, case["kv_cache"]) if case.get("kv_cache") else None)
     cfg = DecodeSettings(max_new_tokens=case["new_tokens"], denoising_steps=4, strategy=case["strategy"],
                          temperature=case["temperature"], top_k=0, stop_at_end=False,
                          fuse_commit=case["fused"])
     prompts = prompts_for(batch, prompt_len, seed=batch)
     t0 = time.perf_counter()
-    decoder.generate(prompts[:1] * batch, replace(cfg, max_new_tokens=8))  # kernels, allocator
+    # kernels, allocator; the same prompts, so the compiled prefill sees one length only
+    decoder.generate(prompts, replace(cfg, max_new_tokens=8))
     decoder.warm_up(prompts, cfg)  # captures (and compiles) every shape generate() will use
     torch.cuda.synchronize()
     warm_s = time.perf_counter() - t0
@@ -151,6 +158,7 @@ def run_case(models: dict, case: dict, prompt_len: int, profile_path: str | None
            "ms_per_forward": 1000 * wall / max(result.forwards, 1),
            "graphs_captured": len(decoder.engine.graphs) if decoder.engine else 0,
            "peak_gib": torch.cuda.max_memory_allocated() / 2**30}
+    out["_tokens"] = [g.token_ids for g in result.generations]  # agreement between cases; not saved
     if profile_path:
         try:
             out.update(profile_generate(decoder, prompts, cfg, profile_path))
@@ -160,6 +168,29 @@ def run_case(models: dict, case: dict, prompt_len: int, profile_path: str | None
     gc.collect()
     torch.cuda.empty_cache()
     return out
+
+
+def _agreement(earlier: list[dict], run: dict) -> None:
+    """For a run with a non-default KV cache dtype: how far its greedy tokens agree with the
+    first earlier default-dtype run of the same shape, batch and prompts."""
+    if not run.get("kv_cache") or "_tokens" not in run:
+        return
+    ref = next((r for r in earlier if "_tokens" in r and not r.get("kv_cache") and r["shape"] == run["shape"]
+                and r["batch"] == run["batch"] and r["prompt_len"] == run["prompt_len"] and r["mode"] == run["mode"]), None)
+    if ref is None:
+        return
+    same = total = 0
+    first_diff = []
+    for a, b in zip(ref["_tokens"], run["_tokens"]):
+        pairs = list(zip(a, b))
+        same += sum(x == y for x, y in pairs)
+        total += len(pairs)
+        first_diff.append(next((i for i, (x, y) in enumerate(pairs) if x != y), len(pairs)))
+    run["agreement_vs"] = ref["case"]
+    run["token_agreement"] = same / max(total, 1)
+    run["rows_identical"] = sum(d == len(a) for d, a in zip(first_diff, ref["_tokens"])) / max(len(first_diff), 1)
+    run["mean_first_divergence"] = sum(first_diff) / max(len(first_diff), 1)
+    run["median_first_divergence"] = sorted(first_diff)[len(first_diff) // 2]
 
 
 def main() -> None:
@@ -189,10 +220,12 @@ def main() -> None:
             run = {"case": case["name"], "shape": shape, "batch": case["batch"], "error": f"{type(exc).__name__}: {exc}"[:500]}
             gc.collect()
             torch.cuda.empty_cache()
+        _agreement(results["runs"], run)
         results["runs"].append(run)
-        print(json.dumps(run), flush=True)
+        print(json.dumps({k: v for k, v in run.items() if k != "_tokens"}), flush=True)
         with open(args.out, "w") as fh:
-            json.dump(results, fh, indent=2)
+            json.dump({**results, "runs": [{k: v for k, v in r.items() if k != "_tokens"} for r in results["runs"]]},
+                      fh, indent=2)
     print(f"\n{'case':>36} {'shape':>5} {'batch':>5} {'tokens':>6} {'tok/s':>9} {'ms/fwd':>7} {'fwd':>5}")
     for run in results["runs"]:
         if "error" in run:

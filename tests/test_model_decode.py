@@ -192,3 +192,9 @@ def test_rows_stop_at_the_stop_token_and_leave_the_batch(lm):
     assert any(g.stopped for g in result.generations)
     # a row that stopped early did not keep the batch going for 10 blocks
     assert result.forwards < 1 + 10 * 4
+
+
+def test_float8_kv_cache_needs_the_triton_path(lm):
+    """On the CPU (SDPA, stock writes) a float8 cache is refused at once, not mis-written."""
+    with pytest.raises(ValueError, match="float8"):
+        Decoder(lm, _settings(), kv_cache_dtype=torch.float8_e4m3fn)._engine(2, 16)

@@ -146,6 +146,58 @@ def test_qkv_epilogue_matches_the_stock_layer_in_bf16():
     assert not engine.keys[1][:3, :, : start].any()  # nothing written outside the columns
 
 
+def test_float8_kv_cache_kernels_match_their_bf16_inputs():
+    """float8 caches: the epilogue stores the bf16 keys/values rounded to float8, and the
+    attention kernel over them equals attention over their bf16 upcast."""
+    from dicepipe.model import decode_kernels
+    from dicepipe.model.kv_engine import KVCacheEngine
+    from dicepipe.model.layer_parts import qkv_projection
+
+    fp8 = torch.float8_e4m3fn
+    lm = random_qwen3(qwen3_config({**SHAPE, "head_dim": 32}, vocab_size=97), seed=2, device="cuda",
+                      dtype=torch.bfloat16)
+    engines = [KVCacheEngine(lm, 4, 3, 64, kv_dtype=dtype) for dtype in (None, fp8)]
+    hidden = torch.randn(3, 8, SHAPE["hidden_size"], device="cuda", dtype=torch.bfloat16)
+    start = torch.tensor(12, device="cuda")
+    queries = []
+    for engine in engines:
+        engine.begin(torch.tensor([0, 4, 8]))
+        layer = lm.model.layers[1]
+        qkv = qkv_projection(layer, engine.fused.qkv[1], None, hidden)
+        queries.append(decode_kernels.qkv_epilogue(qkv, engine.pad[:3], start, engine.cos, engine.sin,
+                                                   layer.self_attn.q_norm, layer.self_attn.k_norm,
+                                                   engine.keys[1][:3], engine.values[1][:3], 4, 2, 32))
+    bf16, low = engines
+    assert low.keys[1].dtype == fp8 and queries[1].dtype == torch.bfloat16
+    assert torch.equal(queries[0], queries[1])
+    for a, b in ((low.keys[1], bf16.keys[1]), (low.values[1], bf16.values[1])):
+        assert torch.equal(a[:3, :, 12:20].float(), b[:3, :, 12:20].to(fp8).float())
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    keys = torch.randn(3, 2, 64, 32, generator=gen, device="cuda").to(fp8)
+    values = torch.randn(3, 2, 64, 32, generator=gen, device="cuda").to(fp8)
+    query = queries[0]
+    pad = bf16.pad[:3]
+    got = decode_kernels.decode_attention(query, keys, values, pad, start, 4, 0.2, 64)
+    ref = decode_kernels.decode_attention(query, keys.to(torch.bfloat16), values.to(torch.bfloat16), pad, start,
+                                          4, 0.2, 64)
+    torch.testing.assert_close(got.float(), ref.float(), atol=1e-2, rtol=1e-2)
+
+
+def test_float8_kv_cache_decoding_runs_with_graphs_and_stops():
+    lm = random_qwen3(qwen3_config(SHAPE, vocab_size=97, initializer_range=0.2), seed=1, device="cuda",
+                      dtype=torch.bfloat16)
+    prompts = _prompts([9, 30, 17, 4, 12])
+    stopping = replace_stops(SETTINGS, range(2, 40))
+    for settings, stop in ((SETTINGS, False), (stopping, True)):
+        cfg = DecodeSettings(max_new_tokens=60, temperature=0, stop_at_end=stop)
+        decoder = Decoder(lm, settings, kv_cache_dtype=torch.float8_e4m3fn)
+        out = decoder.generate(prompts, cfg)
+        assert decoder.engine.keys[0].dtype == torch.float8_e4m3fn and decoder.engine.graphs
+        assert all(0 < len(g.token_ids) <= 60 for g in out.generations)
+        assert all(len(g.token_ids) == 60 for g in out.generations) or stop
+        assert all(t < 97 for g in out.generations for t in g.token_ids)
+
+
 def test_fast_decode_paths_match_the_plain_engine():
     """Triton attention, fused projections, logits at masked positions only, under CUDA
     graphs (fp32) against SDPA with the stock layers and full logits, eagerly."""

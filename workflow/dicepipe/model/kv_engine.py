@@ -66,7 +66,8 @@ class KVCacheEngine:
     def __init__(self, lm, block_size: int, max_batch: int, max_len: int, *,
                  cuda_graphs: bool = False, len_bucket: int = 128, compile_layers: bool = False,
                  attention: str = "auto", fuse_projections: bool = True, fuse_boundary: bool = True,
-                 compile_prefill: bool = False, overlap_min_tokens: int | None = None):
+                 compile_prefill: bool = False, overlap_min_tokens: int | None = None,
+                 kv_dtype: torch.dtype | None = None):
         self.lm = lm
         self.inner = lm.model
         self.block_size = block_size
@@ -79,8 +80,11 @@ class KVCacheEngine:
         config = lm.config
         self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
         shape = (max_batch, config.num_key_value_heads, self.max_len, self.head_dim)
-        self.keys = [torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in self.inner.layers]
-        self.values = [torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in self.inner.layers]
+        # kv_dtype (e.g. torch.float8_e4m3fn, unscaled): half the bytes the decode attention
+        # reads, at a cost in accuracy; only with the Triton kernels (they convert on load).
+        self.kv_dtype = kv_dtype or self.dtype
+        self.keys = [torch.zeros(shape, dtype=self.kv_dtype, device=self.device) for _ in self.inner.layers]
+        self.values = [torch.zeros(shape, dtype=self.kv_dtype, device=self.device) for _ in self.inner.layers]
         self.pad = torch.zeros(max_batch, dtype=torch.long, device=self.device)
         self.start_col = torch.zeros((), dtype=torch.long, device=self.device)
         self.cos, self.sin = self._rope_tables()
@@ -95,8 +99,9 @@ class KVCacheEngine:
         self.compiled_max_query = 2 * block_size
         self.fused = FusedWeights(self.inner.layers) if fuse_projections else None
         self.compiled = compiled_parts(self.fused is not None) if compile_layers else None
-        # The prefill's per-token parts compiled too, for any length (one compilation).
-        self.compiled_prefill = compiled_parts(self.fused is not None, True) if compile_prefill else None
+        # The prefill's per-token parts compiled too: static shapes for the first prompt
+        # length seen, then one dynamic-shape compilation for all others.
+        self.compiled_prefill = compiled_parts(self.fused is not None, None) if compile_prefill else None
         # Compiled, fused: one layer's MLP and the next layer's norm + q|k|v in one graph.
         self.fuse_boundary = fuse_boundary
         # Two half-batches through the layer stack on two CUDA streams, offset by one phase,
@@ -116,6 +121,8 @@ class KVCacheEngine:
         # With both: norm + one q|k|v matmul, then one kernel for q/k norms, RoPE and the
         # cache write (decode_kernels.qkv_epilogue).
         self.epilogue = attention == "triton" and self.fused is not None
+        if self.kv_dtype != self.dtype and not self.epilogue:
+            raise ValueError(f"KV cache dtype {self.kv_dtype} needs attention 'triton' and fused projections")
         self.q_heads, self.kv_heads = config.num_attention_heads, config.num_key_value_heads
 
     def _rope_tables(self):
@@ -141,6 +148,7 @@ class KVCacheEngine:
         keep = keep.to(self.device)
         cols = max(self.filled, 1)
         for cache in (*self.keys, *self.values):
+            cache = cache.view(torch.uint8) if cache.element_size() == 1 else cache  # float8: no index kernels
             cache[: len(keep), :, :cols] = cache[keep, :, :cols]
         self.pad[: len(keep)] = self.pad[keep]
 
@@ -221,32 +229,33 @@ class KVCacheEngine:
                                                                         self.block_size))
         hidden = self.inner.embed_tokens(tokens)
         parts = self._layer_parts(short)
+        tail = _TailPositions(logits_last, select) if logits_last else None
         if short and n >= 2 and self.overlap_min_tokens is not None and n * q >= self.overlap_min_tokens:
             cut = n // 2
             halves = ((slice(0, cut), slice(rows.start, rows.start + cut)),
                       (slice(cut, n), slice(rows.start + cut, rows.stop)))
             results = [[], []]
             phases = [self._phases(hidden[h], start, r, key_len, kernel, None if mask is None else mask[h],
-                                   parts, out) for (h, r), out in zip(halves, results)]
+                                   parts, out, tail and tail.rows(h)) for (h, r), out in zip(halves, results)]
             self._interleave(phases)
             hidden = torch.cat([results[0][0], results[1][0]])
         else:
             result = []
-            for _ in self._phases(hidden, start, rows, key_len, kernel, mask, parts, result):
+            for _ in self._phases(hidden, start, rows, key_len, kernel, mask, parts, result, tail):
                 pass
             hidden = result[0]
         if not logits_last:
             return None
-        hidden = hidden[:, -logits_last:]
-        if select is not None:
-            hidden = torch.gather(hidden, 1, select[:, :, None].expand(-1, -1, hidden.shape[-1]))
         return self.lm.lm_head(self.inner.norm(hidden))
 
-    def _phases(self, hidden, start, rows: slice, key_len: int, kernel: bool, mask, parts, result: list):
+    def _phases(self, hidden, start, rows: slice, key_len: int, kernel: bool, mask, parts, result: list,
+                tail: _TailPositions | None):
         """The layer stack over cache rows `rows`, as a generator that yields after each
         phase: matmuls (the previous layer's output projection and MLP, this layer's norm,
-        projections and cache write), then attention, per layer; the final hidden states go
-        to `result`."""
+        projections and cache write), then attention, per layer; the final hidden states at
+        the positions `tail` keeps go to `result`. Only those positions need the last
+        layer's attention output and MLP (the others need its keys/values only); without
+        `tail` (no logits wanted: the prefill, a plain commit) neither runs."""
         q = hidden.shape[1]
         pad = self.pad[rows]
         cols = torch.arange(q, device=self.device) + start
@@ -261,10 +270,12 @@ class KVCacheEngine:
             if boundary is not None and 0 < i < len(layers):
                 hidden, x = boundary(i, hidden, out)
             else:
+                if i == len(layers):
+                    if tail is not None:
+                        hidden = post(i - 1, layers[i - 1], *tail(hidden, out))
+                    break
                 if i:
                     hidden = post(i - 1, layers[i - 1], hidden, out)
-                if i == len(layers):
-                    break
                 x = pre(i, layers[i], hidden, cos, sin)
             key_cache, value_cache = self.keys[i][rows], self.values[i][rows]
             attn = layers[i].self_attn
@@ -277,12 +288,16 @@ class KVCacheEngine:
                 key_cache.index_copy_(2, cols, key)
                 value_cache.index_copy_(2, cols, value)
             yield
-            if kernel:
+            if tail is None and i == len(layers) - 1:
+                out = None
+            elif kernel:
                 out = decode_kernels.decode_attention(query, key_cache, value_cache, pad, start,
                                                       self.block_size, attn.scaling, key_len)
             else:
-                out = self._attend(query, key_cache[:, :, :key_len], value_cache[:, :, :key_len], mask,
-                                   attn.scaling, q <= self.compiled_max_query)
+                keys, values = key_cache[:, :, :key_len], value_cache[:, :, :key_len]
+                if keys.dtype != query.dtype:  # float8 cache: the prefill's SDPA takes the model dtype
+                    keys, values = keys.to(query.dtype), values.to(query.dtype)
+                out = self._attend(query, keys, values, mask, attn.scaling, q <= self.compiled_max_query)
             yield
         result.append(hidden)
 
@@ -361,3 +376,26 @@ class KVCacheEngine:
         else:
             out = F.scaled_dot_product_attention(folded, keys, values, attn_mask=mask, scale=scale)
         return out.reshape(batch, heads, q, dim)
+
+
+class _TailPositions:
+    """(hidden (B, q, E), attention output (B, H, q, D)) -> both at the positions whose
+    logits a forward returns: the last `last` positions, or `select` (B, n) among them."""
+
+    def __init__(self, last: int, select: torch.Tensor | None):
+        self.last, self.select = last, select
+
+    def rows(self, part: slice) -> _TailPositions:
+        return _TailPositions(self.last, None if self.select is None else self.select[part])
+
+    def __call__(self, hidden, attn_out):
+        hidden, attn_out = hidden[:, -self.last :], attn_out[:, :, -self.last :]
+        if self.select is None:
+            return hidden, attn_out
+        select = self.select
+        hidden = torch.gather(hidden, 1, select[:, :, None].expand(-1, -1, hidden.shape[-1]))
+        # gathered in the (B, q, H, D) order the attention kernels write, so the output
+        # projection's transpose back stays a view
+        by_pos = attn_out.transpose(1, 2)
+        index = select[:, :, None, None].expand(-1, -1, *by_pos.shape[2:])
+        return hidden, torch.gather(by_pos, 1, index).transpose(1, 2)

@@ -13,6 +13,7 @@ new batch, so a model updated between generations (RL) is never decoded with sta
 from __future__ import annotations
 
 import functools
+import types
 
 import torch
 import torch.nn.functional as F
@@ -115,14 +116,27 @@ def post_then_qkv(prev, w_gate_up, hidden, attn_out, nxt, w_qkv, b_qkv):
     return hidden, qkv_projection(nxt, w_qkv, b_qkv, hidden)
 
 
+def _own_code(fn):
+    """`fn` under a code object of its own: dynamo keeps compiled code, and the shapes it has
+    seen (automatic dynamic shapes), per code object, so the prefill's compilations neither
+    meet the decode forwards' guards nor turn dynamic because of their shapes."""
+    code = fn.__code__.replace(co_name=f"{fn.__name__}_prefill")
+    return types.FunctionType(code, fn.__globals__, code.co_name, fn.__defaults__, fn.__closure__)
+
+
 @functools.cache
-def compiled_parts(fused: bool, dynamic: bool = False):
+def compiled_parts(fused: bool, dynamic: bool | None = False):
     """(pre, post, qkv_projection, post_then_qkv) compiled once per process (plain functions,
-    so engines share the compiled code; the guards are on shapes and dtypes). `dynamic`:
-    one compilation for every shape (the prefill, whose length follows the prompts)."""
+    so engines share the compiled code; the guards are on shapes and dtypes). `dynamic`
+    None (the prefill, whose length follows the prompts): static shapes for the first
+    length (dynamic-shape kernels ran ~3x slower there), one dynamic compilation once a
+    second length comes; these are separate copies of the functions."""
     config = torch._dynamo.config
     for name in ("recompile_limit", "cache_size_limit"):  # shapes: batch buckets x query lengths
         if hasattr(config, name):
             setattr(config, name, max(getattr(config, name), 64))
     pre, post = (pre_attention_fused, post_attention_fused) if fused else (pre_attention, post_attention)
-    return tuple(torch.compile(fn, dynamic=dynamic) for fn in (pre, post, qkv_projection, post_then_qkv))
+    fns = (pre, post, qkv_projection, post_then_qkv)
+    if dynamic is None:
+        fns = tuple(_own_code(fn) for fn in fns)
+    return tuple(torch.compile(fn, dynamic=dynamic) for fn in fns)
