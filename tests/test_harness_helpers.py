@@ -15,8 +15,8 @@ from dicepipe.harness import HarnessSettings, Job
 
 def settings(cache_dir: Path, **overrides) -> HarnessSettings:
     """Small, fast settings: few trials, one builder, no precompiled header (one build only)."""
-    values = dict(correct_trials=5, warmup_trials=1, timing_trials=10, timing_trials_cpu=10, repeats=1,
-                  run_timeout_s=60, build_timeout_s=600, build_workers=1, use_pch=False,
+    values = dict(correct_trials=5, warmup_trials=1, timing_trials=10, timing_trials_cpu=10,
+                  repeats=1, run_timeout_s=60, build_timeout_s=600, build_workers=1, use_pch=False,
                   memory_limit_mb=4096, cache_dir=str(cache_dir))
     values.update(overrides)
     return HarnessSettings(**values)

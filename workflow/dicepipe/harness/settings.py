@@ -53,7 +53,7 @@ class HarnessSettings:
     cpu_threads: int = 1
     interval_confidence: float = 0.99
     timing_noise_floor: float = 0.002
-    timing_noise_floor_cpu: float = 0.03
+    timing_noise_floor_cpu: float = 0.01
     build_timeout_s: float = 300.0
     run_timeout_s: float = 120.0
     memory_limit_mb: int = 8192
