@@ -6,7 +6,10 @@ only, the MLP + next-norm/projection boundary compiled as one graph, the prefill
 compiled ("session1" cases switch all of these off, "session2a" the last two); "overlap"
 cases run forwards of >= N tokens as two half-batches on two CUDA streams; "fp8_kv" cases
 keep the KV cache in float8 (changes numerics; their greedy tokens are compared with the
-first default-dtype case of the same shape in the run: token_agreement). Against the
+first default-dtype case of the same shape in the run: token_agreement); "fp8_weights"
+cases run each layer's matmuls in float8 (also changes numerics; besides token agreement
+they report the relative error of last-position prefill logits against the bf16 engine on 8
+prompts, `logit_rel_err`, and how often the top token agrees there). Against the
 straightforward loop (no CUDA graphs, separate KV-write forward per block) and the
 autoregressive loop of the same engine. Stop tokens are off so every row writes all its
 tokens: tokens/s = rows x new tokens / wall time of generate() (prefill included; graph
@@ -31,12 +34,14 @@ from dicepipe.model.shapes import SDAR_MASK_ID, SHAPES, qwen3_config, random_qwe
 
 def _case(name, shape, batch, mode="block", new_tokens=1024, graphs=True, fused=True,
           temperature=0.0, strategy="static", compiled=False, attention="auto", proj=True,
-          masked=True, prompt_len=None, boundary=True, prefill=True, overlap=None, kv=None) -> dict:
+          masked=True, prompt_len=None, boundary=True, prefill=True, overlap=None, kv=None,
+          weights=None) -> dict:
     return {"name": name, "shape": shape, "batch": batch, "mode": mode, "new_tokens": new_tokens,
             "graphs": graphs, "fused": fused, "temperature": temperature, "strategy": strategy,
             "compiled": compiled, "attention": attention, "fuse_projections": proj,
             "masked_logits": masked, "prompt_len": prompt_len, "fuse_boundary": boundary,
-            "compile_prefill": prefill, "overlap_min_tokens": overlap, "kv_cache": kv}
+            "compile_prefill": prefill, "overlap_min_tokens": overlap, "kv_cache": kv,
+            "weights": weights}
 
 
 def _session1(name, shape, batch, **kw) -> dict:
@@ -85,6 +90,12 @@ CASES = [
     # 28-: session 3 (optional float8 KV cache: changes numerics; agreement with case 0 reported)
     _case("diffusion_compiled_fp8_kv", "4b", 128, compiled=True, kv="float8_e4m3fn"),
     _case("diffusion_compiled_fp8_kv", "1.7b", 64, compiled=True, kv="float8_e4m3fn"),
+    # 30-: session 4 (optional float8 matmuls: changes numerics)
+    _case("diffusion_compiled_fp8_weights", "4b", 128, compiled=True, weights="float8_e4m3fn"),
+    _case("diffusion_compiled_fp8_weights_kv", "4b", 128, compiled=True, weights="float8_e4m3fn",
+          kv="float8_e4m3fn"),
+    _case("diffusion_compiled_fp8_weights", "1.7b", 64, compiled=True, weights="float8_e4m3fn"),
+    _case("diffusion_compiled_fp8_weights", "1.7b", 1, compiled=True, weights="float8_e4m3fn"),
 ]
 
 
@@ -137,7 +148,8 @@ def run_case(models: dict, case: dict, prompt_len: int, profile_path: str | None
                       attention=case["attention"], fuse_projections=case["fuse_projections"],
                       masked_logits=case["masked_logits"], fuse_boundary=case["fuse_boundary"],
                       compile_prefill=case["compile_prefill"], overlap_min_tokens=case["overlap_min_tokens"],
-                      kv_cache_dtype=getattr(torch, case["kv_cache"]) if case.get("kv_cache") else None)
+                      kv_cache_dtype=getattr(torch, case["kv_cache"]) if case.get("kv_cache") else None,
+                      weight_dtype=getattr(torch, case["weights"]) if case.get("weights") else None)
     cfg = DecodeSettings(max_new_tokens=case["new_tokens"], denoising_steps=4, strategy=case["strategy"],
                          temperature=case["temperature"], top_k=0, stop_at_end=False,
                          fuse_commit=case["fused"])
@@ -159,6 +171,8 @@ def run_case(models: dict, case: dict, prompt_len: int, profile_path: str | None
            "graphs_captured": len(decoder.engine.graphs) if decoder.engine else 0,
            "peak_gib": torch.cuda.max_memory_allocated() / 2**30}
     out["_tokens"] = [g.token_ids for g in result.generations]  # agreement between cases; not saved
+    if case.get("weights") or case.get("kv_cache"):
+        out.update(logit_error(lm, prompts[:8], decoder))
     if profile_path:
         try:
             out.update(profile_generate(decoder, prompts, cfg, profile_path))
@@ -170,12 +184,33 @@ def run_case(models: dict, case: dict, prompt_len: int, profile_path: str | None
     return out
 
 
+@torch.no_grad()
+def logit_error(lm, prompts: list[list[int]], decoder: Decoder) -> dict:
+    """Last-position logits of a prefill of `prompts` (cut to one length, no padding) by an
+    engine with the decoder's weight and KV-cache dtypes against the bf16 engine."""
+    from dicepipe.model.kv_engine import KVCacheEngine
+
+    length = min(len(p) for p in prompts)
+    tokens = torch.tensor([p[:length] for p in prompts], device="cuda")
+    logits = []
+    for weights, kv in ((None, None), (decoder.weight_dtype, decoder.kv_cache_dtype)):
+        engine = KVCacheEngine(lm, 4, len(prompts), length + 128, attention="triton", weight_dtype=weights,
+                               kv_dtype=kv)
+        engine.begin(torch.zeros(len(prompts), dtype=torch.long))
+        logits.append(engine.prefill(tokens, logits_last=1)[:, -1].float())
+        del engine
+    ref, got = logits
+    return {"logit_rel_err": float((got - ref).norm() / ref.norm()),
+            "logit_top1_agreement": float((got.argmax(-1) == ref.argmax(-1)).float().mean())}
+
+
 def _agreement(earlier: list[dict], run: dict) -> None:
     """For a run with a non-default KV cache dtype: how far its greedy tokens agree with the
     first earlier default-dtype run of the same shape, batch and prompts."""
-    if not run.get("kv_cache") or "_tokens" not in run:
+    if not (run.get("kv_cache") or run.get("weights")) or "_tokens" not in run:
         return
-    ref = next((r for r in earlier if "_tokens" in r and not r.get("kv_cache") and r["shape"] == run["shape"]
+    ref = next((r for r in earlier if "_tokens" in r and not r.get("kv_cache") and not r.get("weights")
+                and r["shape"] == run["shape"]
                 and r["batch"] == run["batch"] and r["prompt_len"] == run["prompt_len"] and r["mode"] == run["mode"]), None)
     if ref is None:
         return

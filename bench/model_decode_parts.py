@@ -25,6 +25,7 @@ import math
 import torch
 import torch.nn.functional as F
 from dicepipe.model import decode_kernels
+from dicepipe.model.layer_parts import fp8_linear, quantize_rows
 from dicepipe.model.masks import block_causal_mask
 from dicepipe.model.shapes import SDAR_VOCAB, SHAPES
 
@@ -57,13 +58,19 @@ SWEEP = [(64, 1, 4, 2), (64, 1, 4, 3), (64, 1, 4, 4), (128, 1, 4, 3), (128, 1, 8
 CONFIGS = [{"block_n": n, "splits": s, "num_warps": w, "num_stages": st} for n, s, w, st in SWEEP]
 
 
-def attention_rows(shape: str, batch: int, context: int, block: int = 4, sweep: bool = True) -> list[dict]:
+# float8 caches: half the bytes per key, so also longer tiles (the same bytes per load)
+SWEEP_FP8 = [(64, 1, 4, 3), (128, 1, 4, 3), (128, 1, 8, 3), (128, 1, 4, 4), (256, 1, 8, 3)]
+
+
+def attention_rows(shape: str, batch: int, context: int, block: int = 4, sweep: bool = True,
+                   kv_dtype: torch.dtype = torch.bfloat16) -> list[dict]:
     cfg = SHAPES[shape]
     hq, hkv, dim = cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["head_dim"]
     max_len = context + 2 * block + 128
     gen = torch.Generator(device="cuda").manual_seed(0)
     keys = torch.randn(batch, hkv, max_len, dim, generator=gen, device="cuda", dtype=torch.bfloat16)
     values = torch.randn_like(keys)
+    fp8 = kv_dtype != torch.bfloat16
     pad = (torch.randint(0, 32, (batch,), generator=gen, device="cuda") // block) * block
     out = []
     for q in (2 * block, block):
@@ -72,7 +79,7 @@ def attention_rows(shape: str, batch: int, context: int, block: int = 4, sweep: 
         key_len = math.ceil((start + q) / 128) * 128
         query = torch.randn(batch, q, hq, dim, generator=gen, device="cuda", dtype=torch.bfloat16).transpose(1, 2)
         visible = (start + q - pad).sum().item()
-        gbytes = visible * hkv * dim * 2 * 2 / 1e9
+        gbytes = visible * hkv * dim * 2 * torch.empty((), dtype=kv_dtype).element_size() / 1e9
         mask = block_causal_mask(pad, start_t, q, key_len, block)
         group = hq // hkv
         folded = mask[:, :, None].expand(batch, 1, group, q, key_len).reshape(batch, 1, group * q, key_len)
@@ -82,18 +89,23 @@ def attention_rows(shape: str, batch: int, context: int, block: int = 4, sweep: 
         def sdpa():
             F.scaled_dot_product_attention(fq, keys[:, :, :key_len], values[:, :, :key_len], attn_mask=additive)
 
-        row = {"shape": shape, "batch": batch, "context": context, "q": q, "gbytes": gbytes}
-        ms = graph_time_ms(sdpa)
-        row["sdpa_ms"], row["sdpa_gbs"] = ms, gbytes / ms * 1e3
+        row = {"shape": shape, "batch": batch, "context": context, "q": q, "gbytes": gbytes,
+               "kv_dtype": str(kv_dtype).removeprefix("torch.")}
+        if not fp8:
+            ms = graph_time_ms(sdpa)
+            row["sdpa_ms"], row["sdpa_gbs"] = ms, gbytes / ms * 1e3
+        k_in, v_in = (keys.to(kv_dtype), values.to(kv_dtype)) if fp8 else (keys, values)
         ref = decode_kernels.decode_attention(query, keys, values, pad, start_t, block, 0.088, key_len)
         row["default"] = decode_kernels.default_config(batch, hkv, key_len, query.device)
         best = None
-        for config in (CONFIGS if sweep else CONFIGS[3:4]) + [row["default"]]:
+        sweep_configs = [{"block_n": n, "splits": s, "num_warps": w, "num_stages": st} for n, s, w, st in SWEEP_FP8] \
+            if fp8 else (CONFIGS if sweep else CONFIGS[3:4])
+        for config in sweep_configs + [row["default"]]:
             try:
-                got = decode_kernels.decode_attention(query, keys, values, pad, start_t, block, 0.088, key_len, config)
+                got = decode_kernels.decode_attention(query, k_in, v_in, pad, start_t, block, 0.088, key_len, config)
                 err = float((got.float() - ref.float()).abs().max())
                 ms = graph_time_ms(lambda: decode_kernels.decode_attention(
-                    query, keys, values, pad, start_t, block, 0.088, key_len, config))
+                    query, k_in, v_in, pad, start_t, block, 0.088, key_len, config))
             except Exception as exc:  # noqa: BLE001 (a config that does not build is reported)
                 row.setdefault("errors", []).append(f"{config}: {type(exc).__name__}: {exc}"[:200])
                 continue
@@ -128,6 +140,21 @@ def matmul_rows(shape: str, tokens_list=(512, 1024)) -> list[dict]:
         fused = graph_time_ms(lambda: (F.linear(x, wqkv), F.linear(xo, wo), F.linear(x, wgu), F.linear(xi, wd)))
         row = {"shape": shape, "tokens": m, "layer_separate_ms": sep, "layer_fused_ms": fused,
                "separate_tflops": layer_flop / sep / 1e9, "fused_tflops": layer_flop / fused / 1e9}
+        # float8 (layer_parts.fp8_linear): eager (activation quantization as separate
+        # kernels) and compiled (quantization fused into a kernel before each matmul, as in
+        # the engine, where it also fuses with the norm or activation before it)
+        q8 = [quantize_rows(t) for t in (wqkv, wo, wgu, wd)]
+
+        def fp8_layer():
+            return (fp8_linear(x, q8[0]), fp8_linear(xo, q8[1]), fp8_linear(x, q8[2]), fp8_linear(xi, q8[3]))
+
+        compiled = torch.compile(fp8_layer)
+        for name, fn in (("fp8_eager", fp8_layer), ("fp8_compiled", compiled)):
+            try:
+                ms = graph_time_ms(fn)
+                row[f"layer_{name}_ms"], row[f"{name}_tflops"] = ms, layer_flop / ms / 1e9
+            except Exception as exc:  # noqa: BLE001 (reported, the bf16 rows stand)
+                row[f"{name}_error"] = f"{type(exc).__name__}: {exc}"[:200]
         for part, fn, flop in (("qkv", lambda: F.linear(x, wqkv), 2 * m * h * (nq + 2 * nkv)),
                                ("o", lambda: F.linear(xo, wo), 2 * m * h * nq),
                                ("gate_up", lambda: F.linear(x, wgu), 4 * m * h * inter),
@@ -150,11 +177,14 @@ def main() -> None:
     parser.add_argument("--attention", nargs="*", default=["4b:128", "1.7b:64", "1.7b:1"],
                         help="shape:batch pairs; the first gets the configuration sweep")
     parser.add_argument("--matmul", nargs="*", default=["4b", "1.7b"])
+    parser.add_argument("--fp8-kv", action="store_true", help="also sweep a float8 cache for the first pair")
     args = parser.parse_args()
     results = {"attention": [], "matmul": []}
     for i, item in enumerate(args.attention):
         shape, batch = item.split(":")
         results["attention"] += attention_rows(shape, int(batch), args.context, sweep=i == 0)
+        if i == 0 and args.fp8_kv:
+            results["attention"] += attention_rows(shape, int(batch), args.context, kv_dtype=torch.float8_e4m3fn)
         with open(args.out, "w") as fh:
             json.dump(results, fh, indent=2)
     for shape in args.matmul:

@@ -198,3 +198,57 @@ def test_float8_kv_cache_needs_the_triton_path(lm):
     """On the CPU (SDPA, stock writes) a float8 cache is refused at once, not mis-written."""
     with pytest.raises(ValueError, match="float8"):
         Decoder(lm, _settings(), kv_cache_dtype=torch.float8_e4m3fn)._engine(2, 16)
+
+
+def test_fp8_linear_is_the_scaled_float8_product():
+    """fp8_linear = (per-token float8 x) @ (per-channel float8 w)^T with fp32 accumulation,
+    within float8's precision of the plain product."""
+    from dicepipe.model.layer_parts import FP8_MAX, fp8_linear, quantize_rows
+
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(3, 5, 64, generator=gen)
+    x[0, 0] = 0.0  # an all-zero row quantizes to zeros, not NaN
+    w = torch.randn(32, 64, generator=gen) * 0.02
+    w8, w_scale = quantize_rows(w)
+    assert w8.dtype == torch.float8_e4m3fn and w_scale.shape == (32, 1)
+    assert torch.allclose(w8.float().abs().amax(dim=1), torch.full((32,), FP8_MAX))
+    got = fp8_linear(x, (w8, w_scale))
+    x8, x_scale = quantize_rows(x.reshape(-1, 64))
+    ref = ((x8.float() * x_scale) @ (w8.float() * w_scale).T).to(torch.bfloat16).float().reshape(3, 5, 32)
+    assert got.shape == (3, 5, 32) and got.dtype == x.dtype
+    assert torch.allclose(got, ref, rtol=1e-2, atol=1e-5)
+    assert torch.equal(got[0, 0], torch.zeros(32))
+    exact = x @ w.T
+    assert 0 < float((got - exact).norm() / exact.norm()) < 0.06
+
+
+def test_float8_weights_stay_close_and_follow_weight_updates():
+    """The float8 engine's logits stay within float8 precision of the model dtype's, and a
+    weight change between batches reaches the float8 copies (quantized again, in place)."""
+    from dicepipe.model.kv_engine import KVCacheEngine
+    from dicepipe.model.layer_parts import quantize_rows
+
+    model = random_qwen3(qwen3_config(SHAPE, vocab_size=VOCAB), seed=1).eval()
+    tokens = torch.randint(2, MASK_ID, (2, 12), generator=torch.Generator().manual_seed(3))
+    pad = torch.zeros(2, dtype=torch.long)
+
+    def logits(engine):
+        engine.begin(pad)
+        return engine.prefill(tokens, logits_last=12)
+
+    ref_engine = KVCacheEngine(model, 4, 2, 32)
+    fp8 = KVCacheEngine(model, 4, 2, 32, weight_dtype=torch.float8_e4m3fn)
+    ref, got = logits(ref_engine), logits(fp8)
+    assert 0 < float((got - ref).norm() / ref.norm()) < 0.1
+    storage = fp8.fused.down[0][0].data_ptr()
+    with torch.no_grad():
+        model.model.layers[0].mlp.down_proj.weight.mul_(-1.0)
+    ref, got = logits(ref_engine), logits(fp8)
+    assert fp8.fused.down[0][0].data_ptr() == storage  # captured graphs keep reading it
+    new = quantize_rows(model.model.layers[0].mlp.down_proj.weight)
+    assert torch.equal(fp8.fused.down[0][0].float(), new[0].float()) and torch.equal(fp8.fused.down[0][1], new[1])
+    assert float((got - ref).norm() / ref.norm()) < 0.1
+    with pytest.raises(ValueError, match="fused projections"):
+        KVCacheEngine(model, 4, 2, 32, fuse_projections=False, weight_dtype=torch.float8_e4m3fn)
+    with pytest.raises(ValueError, match="weight_dtype"):
+        KVCacheEngine(model, 4, 2, 32, weight_dtype=torch.float16)

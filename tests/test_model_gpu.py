@@ -198,6 +198,35 @@ def test_float8_kv_cache_decoding_runs_with_graphs_and_stops():
         assert all(t < 97 for g in out.generations for t in g.token_ids)
 
 
+def test_float8_weights_decode_under_graphs_follows_weight_updates():
+    """float8 matmuls (torch._scaled_mm, rowwise scales) compiled and under CUDA graphs:
+    logits within float8 precision of bf16, and after a weight change the engine, whose
+    captured graphs read the float8 copies, decodes as a freshly built one does."""
+    from dicepipe.model.kv_engine import KVCacheEngine
+
+    fp8 = torch.float8_e4m3fn
+    lm = random_qwen3(qwen3_config(SHAPE, vocab_size=97), seed=2, device="cuda", dtype=torch.bfloat16)
+    tokens = torch.randint(2, 96, (3, 24), device="cuda", generator=torch.Generator(device="cuda").manual_seed(1))
+    logits = []
+    for weights in (None, fp8):
+        engine = KVCacheEngine(lm, 4, 3, 64, weight_dtype=weights)
+        engine.begin(torch.zeros(3, dtype=torch.long))
+        logits.append(engine.prefill(tokens, logits_last=24).float())
+    assert 0 < float((logits[1] - logits[0]).norm() / logits[0].norm()) < 0.1
+    prompts = _prompts([9, 30, 17, 4, 12])
+    cfg = DecodeSettings(max_new_tokens=40, temperature=0, stop_at_end=False)
+    decoder = Decoder(lm, SETTINGS, compile_layers=True, weight_dtype=fp8)
+    first = decoder.generate(prompts, cfg)
+    assert decoder.engine.graphs and decoder.engine.fused.fp8
+    with torch.no_grad():
+        for layer in lm.model.layers:
+            layer.mlp.down_proj.weight.mul_(-3.0)
+    again = decoder.generate(prompts, cfg)
+    fresh = Decoder(lm, SETTINGS, compile_layers=True, weight_dtype=fp8).generate(prompts, cfg)
+    assert [g.token_ids for g in again.generations] == [g.token_ids for g in fresh.generations]
+    assert [g.token_ids for g in again.generations] != [g.token_ids for g in first.generations]
+
+
 def test_fast_decode_paths_match_the_plain_engine():
     """Triton attention, fused projections, logits at masked positions only, under CUDA
     graphs (fp32) against SDPA with the stock layers and full logits, eagerly."""

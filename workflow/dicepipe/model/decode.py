@@ -114,7 +114,7 @@ class Decoder:
                  len_bucket: int = 128, compile_layers: bool = False, attention: str = "auto",
                  fuse_projections: bool = True, masked_logits: bool = True, fuse_boundary: bool = True,
                  compile_prefill: bool = True, overlap_min_tokens: int | None = None,
-                 kv_cache_dtype: torch.dtype | None = None):
+                 kv_cache_dtype: torch.dtype | None = None, weight_dtype: torch.dtype | None = None):
         """compile_layers: torch.compile the per-token layer parts of the decode forwards
         (and with compile_prefill, of the prefill, for any prompt length); fuse_boundary:
         compile a layer's MLP with the next layer's norm and projection as one graph;
@@ -123,7 +123,11 @@ class Decoder:
         matmuls (None: never; off by default: on the H200 at 4B, batch 128 it cost 8%, the
         matmuls take every SM, so the halves do not really run side by side); kv_cache_dtype:
         e.g. torch.float8_e4m3fn for a KV cache of half the bytes (CUDA, Triton attention and
-        fused projections only; unscaled, so it changes the numerics: off by default)."""
+        fused projections only; unscaled, so it changes the numerics: off by default);
+        weight_dtype: torch.float8_e4m3fn runs each layer's four matmuls in float8 (weights
+        per output channel, activations per token; layer_parts.fp8_linear): about half the
+        matmul time on Hopper, changed numerics, off by default (the output layer and
+        attention stay in the model dtype)."""
         self.lm = lm
         self.settings = settings
         self.device = next(lm.parameters()).device
@@ -137,6 +141,7 @@ class Decoder:
         self.compile_prefill = compile_prefill and compile_layers
         self.overlap_min_tokens = overlap_min_tokens
         self.kv_cache_dtype = kv_cache_dtype
+        self.weight_dtype = weight_dtype
         self.engine: KVCacheEngine | None = None
 
     def _engine(self, rows: int, length: int) -> KVCacheEngine:
@@ -151,7 +156,7 @@ class Decoder:
                                         fuse_projections=self.fuse_projections,
                                         fuse_boundary=self.fuse_boundary, compile_prefill=self.compile_prefill,
                                         overlap_min_tokens=self.overlap_min_tokens,
-                                        kv_dtype=self.kv_cache_dtype)
+                                        kv_dtype=self.kv_cache_dtype, weight_dtype=self.weight_dtype)
         self.engine.forwards = 0
         return self.engine
 

@@ -67,7 +67,7 @@ class KVCacheEngine:
                  cuda_graphs: bool = False, len_bucket: int = 128, compile_layers: bool = False,
                  attention: str = "auto", fuse_projections: bool = True, fuse_boundary: bool = True,
                  compile_prefill: bool = False, overlap_min_tokens: int | None = None,
-                 kv_dtype: torch.dtype | None = None):
+                 kv_dtype: torch.dtype | None = None, weight_dtype: torch.dtype | None = None):
         self.lm = lm
         self.inner = lm.model
         self.block_size = block_size
@@ -97,7 +97,10 @@ class KVCacheEngine:
         # Optionally the per-token parts of a layer (norms, projections, RoPE, MLP) compiled
         # for the short decode forwards, fusing their many small kernels; prefill stays eager.
         self.compiled_max_query = 2 * block_size
-        self.fused = FusedWeights(self.inner.layers) if fuse_projections else None
+        # weight_dtype float8: the layers' four matmuls in float8 (layer_parts.fp8_linear).
+        if weight_dtype is not None and not fuse_projections:
+            raise ValueError(f"weight dtype {weight_dtype} needs fused projections")
+        self.fused = FusedWeights(self.inner.layers, weight_dtype) if fuse_projections else None
         self.compiled = compiled_parts(self.fused is not None) if compile_layers else None
         # The prefill's per-token parts compiled too: static shapes for the first prompt
         # length seen, then one dynamic-shape compilation for all others.
@@ -348,15 +351,16 @@ class KVCacheEngine:
             if boundary_fn is not None and self.fuse_boundary:
                 def boundary(i, h, out):
                     return boundary_fn(layers[i - 1], fused.gate_up[i - 1], h, out, layers[i], fused.qkv[i],
-                                       fused.qkv_bias[i])
+                                       fused.qkv_bias[i], fused.o[i - 1], fused.down[i - 1])
             return (lambda i, layer, h, cos, sin: proj_fn(layer, fused.qkv[i], fused.qkv_bias[i], h),
-                    lambda i, layer, h, out: post_fn(layer, fused.gate_up[i], h, out), boundary)
+                    lambda i, layer, h, out: post_fn(layer, fused.gate_up[i], h, out, fused.o[i], fused.down[i]),
+                    boundary)
         if fused is None:
             return (lambda i, layer, h, cos, sin: pre_fn(layer, h, cos, sin, head_dim, dtype),
                     lambda i, layer, h, out: post_fn(layer, h, out), None)
         return (lambda i, layer, h, cos, sin: pre_fn(layer, fused.qkv[i], fused.qkv_bias[i], fused.sizes,
                                                      h, cos, sin, head_dim, dtype),
-                lambda i, layer, h, out: post_fn(layer, fused.gate_up[i], h, out), None)
+                lambda i, layer, h, out: post_fn(layer, fused.gate_up[i], h, out, fused.o[i], fused.down[i]), None)
 
     def _folded_mask(self, mask: torch.Tensor) -> torch.Tensor:
         """(B, 1, q, k) bool -> additive (B, 1, group*q, k) for queries with the grouped heads
