@@ -9,8 +9,9 @@ one forward of 8 positions (4 for the first block) and three of 4; each forward 
 row's visible keys/values once per layer (what the Triton kernel reads; mean left padding
 of the prompts, 15.5, is excluded); the output layer runs at the still-masked positions
 (4, 3, 2, 1 per row per block) and the last layer's output projection and MLP only there.
-Small kernels (norms, RoPE, activation, sampling) are left out, so every bound is
-optimistic.
+The small kernels between the matmuls (two RMS norms with the residual adds, the q/k
+norm + RoPE + cache write, silu*mul) are counted by the bytes they must move, at the
+HBM rate; sampling, launch gaps and copies are left out, so every bound is optimistic.
 
     python bench/decode_bound.py --shape 4b --batch 128
     python bench/decode_bound.py --parts parts.json    # rates from a model_decode_parts run
@@ -32,9 +33,10 @@ from dicepipe.model.shapes import SDAR_VOCAB, SHAPES  # noqa: E402
 # fused matmuls at 512 / 1,024 tokens, decode attention at context 1,024 for 4 / 8 queries
 # (GB/s of keys/values read), the output layer at 128-512 tokens; prefill attention
 # (cuDNN, block-causal mask) from the profile: ~79 ms for 19 TFLOP of unmasked work.
-PEAK = {"matmul_tflops": 780.0, "attention_gbs": 4800.0, "lm_head_tflops": 780.0, "prefill_attention_tflops": 780.0}
+PEAK = {"matmul_tflops": 780.0, "attention_gbs": 4800.0, "lm_head_tflops": 780.0, "prefill_attention_tflops": 780.0,
+        "small_gbs": 4800.0}
 MEASURED_4B = {"matmul_tflops": {512: 694.7, 1024: 669.6}, "attention_gbs": {4: 4073.0, 8: 3768.0},
-               "lm_head_tflops": 560.0, "prefill_attention_tflops": 243.0}
+               "lm_head_tflops": 560.0, "prefill_attention_tflops": 243.0, "small_gbs": 4800.0}
 
 
 def workload(shape: str, batch: int, prompt: int = 512, new: int = 1024, block: int = 4,
@@ -61,7 +63,10 @@ def workload(shape: str, batch: int, prompt: int = 512, new: int = 1024, block: 
             "matmul_flop": 2 * batch * (q * layers * (qkv + rest) - (q - logits) * rest),
             "lm_head_flop": 2 * h * SDAR_VOCAB * batch * logits,
             "attention_flop": 4 * layers * batch * hq * q * keys * dim,
-            "attention_bytes": kv_bytes_per_key * batch * keys})
+            "attention_bytes": kv_bytes_per_key * batch * keys,
+            # per layer: 2 norms (read residual and update, write both), the q|k|v epilogue
+            # (read the projection, write q, k, v), silu*mul (read gate|up, write the product)
+            "small_bytes": 2 * batch * q * layers * (2 * 3 * h + 2 * (hq + 2 * hkv) * dim + 3 * inter)})
     return forwards, batch * new
 
 
@@ -75,8 +80,9 @@ def bound(forwards: list[dict], rates: dict, batch: int) -> dict:
     head = sum(f["lm_head_flop"] for f in forwards) / (rates["lm_head_tflops"] * 1e12)
     attention = prefill["attention_flop"] / (rates["prefill_attention_tflops"] * 1e12)
     attention += sum(f["attention_bytes"] / (_pick(rates["attention_gbs"], f["q"]) * 1e9) for f in decode)
-    return {"matmul_s": matmul + head, "attention_s": attention, "serial_s": matmul + head + attention,
-            "overlapped_s": max(matmul + head, attention)}
+    small = sum(f["small_bytes"] for f in forwards) / (rates["small_gbs"] * 1e9)
+    return {"matmul_s": matmul + head, "attention_s": attention, "small_s": small,
+            "serial_s": matmul + head + attention + small, "overlapped_s": max(matmul + head, attention) + small}
 
 
 def main() -> None:
@@ -100,10 +106,11 @@ def main() -> None:
           f"output layer {sum(f['lm_head_flop'] for f in forwards) / 1e15:.2f} PFLOP, "
           f"attention reads {sum(f['attention_bytes'] for f in forwards) / 1e12:.1f} TB")
     rows = [("peak rates (780 TFLOP/s, 4.8 TB/s)", PEAK), ("our parts' measured rates", measured)]
-    print(f"{'rates':>36} {'matmul s':>9} {'attn s':>7} {'serial s':>9} {'tok/s':>7} {'overlap tok/s':>14}")
+    print(f"{'rates':>36} {'matmul s':>9} {'attn s':>7} {'small s':>8} {'serial s':>9} {'tok/s':>7} "
+          f"{'overlap tok/s':>14}")
     for name, rates in rows:
         b = bound(forwards, rates, args.batch)
-        print(f"{name:>36} {b['matmul_s']:>9.2f} {b['attention_s']:>7.2f} {b['serial_s']:>9.2f} "
+        print(f"{name:>36} {b['matmul_s']:>9.2f} {b['attention_s']:>7.2f} {b['small_s']:>8.2f} {b['serial_s']:>9.2f} "
               f"{tokens / b['serial_s']:>7.0f} {tokens / b['overlapped_s']:>14.0f}")
     if args.measured:
         best = bound(forwards, PEAK, args.batch)
