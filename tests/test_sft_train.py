@@ -111,10 +111,8 @@ def test_sft_stage_is_deterministic_and_resumes_after_a_kill(short_params, tmp_p
     assert (resumed / "metrics" / "summary.json").is_file()
 
 
-def test_fsdp_on_two_processes_matches_one_process(short_params, tmp_path, repo_root):
-    """torchrun with 2 CPU ranks (gloo): FSDP shards every layer and the root. With one packed
-    row both ranks train on the same micro-batch, so the result equals a single process's
-    up to the order of floating-point reductions."""
+def _one_and_two_processes(short_params, tmp_path, repo_root, device: str):
+    """The sft stage on one process and through torchrun on two; the two final models."""
     import json
     import os
     import subprocess
@@ -123,6 +121,8 @@ def test_fsdp_on_two_processes_matches_one_process(short_params, tmp_path, repo_
     from safetensors.torch import load_file
 
     short_params["sft"]["overrides"]["tiny"].update(pack=True, epochs=4, per_device_batch_size=1)
+    if device == "cuda":  # fp32 and eager, so the comparison sees only the reduction order
+        short_params["sft"]["overrides"]["tiny"].update(bf16=False, compile=False)
     params_path = tmp_path / "params.json"
     params_path.write_text(json.dumps(short_params))
     data = tmp_path / "sft.parquet"
@@ -134,19 +134,36 @@ def test_fsdp_on_two_processes_matches_one_process(short_params, tmp_path, repo_
         "p = argparse.ArgumentParser(); sft.add_arguments(p)\n"
         "args = p.parse_args(sys.argv[2:])\n"
         "sys.exit(sft.run(args, json.loads(open(sys.argv[1]).read())))\n")
-    argv = [str(params_path), "--scale", "tiny", "--data", str(data), "--device", "cpu"]
+    argv = [str(params_path), "--scale", "tiny", "--data", str(data), "--device", device]
     env = {**os.environ, "PYTHONPATH": str(repo_root / "workflow"), "OMP_NUM_THREADS": "1"}
     for name, launcher in (("one", [sys.executable]),
                            ("two", [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2"])):
         out = tmp_path / name
         subprocess.run([*launcher, str(runner), *argv, "--out", str(out / "model"), "--metrics",
                         str(out / "metrics")], check=True, env=env, timeout=600)
-    one = load_file(tmp_path / "one" / "model" / "model.safetensors")
-    two = load_file(tmp_path / "two" / "model" / "model.safetensors")
+    return (load_file(tmp_path / "one" / "model" / "model.safetensors"),
+            load_file(tmp_path / "two" / "model" / "model.safetensors"))
+
+
+def _assert_same_model(one, two):
     assert one.keys() == two.keys()
     for key in one:
         torch.testing.assert_close(one[key], two[key], atol=1e-3, rtol=1e-3)
     assert one["lm_head.weight"].abs().sum() > 0
+
+
+def test_fsdp_on_two_processes_matches_one_process(short_params, tmp_path, repo_root):
+    """torchrun with 2 CPU ranks (gloo): FSDP shards every layer and the root. With one packed
+    row both ranks train on the same micro-batch, so the result equals a single process's
+    up to the order of floating-point reductions."""
+    _assert_same_model(*_one_and_two_processes(short_params, tmp_path, repo_root, "cpu"))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.device_count() < 2, reason="needs 2 GPUs")
+def test_fsdp_on_two_gpus_matches_one_gpu(short_params, tmp_path, repo_root):
+    """As above on two GPUs (NCCL, one rank per GPU, FlexAttention), in fp32."""
+    _assert_same_model(*_one_and_two_processes(short_params, tmp_path, repo_root, "cuda"))
 
 
 def test_step_plan_assigns_every_micro_batch_once_per_epoch():
