@@ -125,9 +125,9 @@ class Decoder:
         e.g. torch.float8_e4m3fn for a KV cache of half the bytes (CUDA, Triton attention and
         fused projections only; unscaled, so it changes the numerics: off by default);
         weight_dtype: torch.float8_e4m3fn runs each layer's four matmuls in float8 (weights
-        per output channel, activations per token; layer_parts.fp8_linear): about half the
-        matmul time on Hopper, changed numerics, off by default (the output layer and
-        attention stay in the model dtype)."""
+        per output channel, activations per token; layer_parts.fp8_linear): +13-15% at 4B,
+        batch 128 on the H200, nothing or a loss at small batches; changed numerics, off by
+        default (the output layer and attention stay in the model dtype)."""
         self.lm = lm
         self.settings = settings
         self.device = next(lm.parameters()).device

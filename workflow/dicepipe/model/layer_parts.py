@@ -11,9 +11,10 @@ new batch, so a model updated between generations (RL) is never decoded with sta
 
 Optionally (`weight_dtype=torch.float8_e4m3fn`) the four matmuls of a layer run in float8:
 weights quantized per output channel, activations per token at run time (scale = row
-amax / 448), product by torch._scaled_mm with bf16 output. It roughly halves the time of
-the compute-bound decode matmuls on Hopper and changes the numerics (relative error of a
-product ~3%), so it is an opt-in for rollouts, never used for training.
+amax / 448), product by torch._scaled_mm with bf16 output. On the H200 a layer's matmuls
+(quantization included) take 17-26% less time at 512-1,024 tokens and slightly more below
+that; it changes the numerics (relative error of a product ~3%), so it is an opt-in for
+rollouts, never used for training.
 """
 
 from __future__ import annotations
