@@ -12,6 +12,9 @@ from dicepipe.augment.records import (
 )
 from dicepipe.augment.shapes import BlockShape
 from dicepipe.augment.tasks import Task
+from dicepipe.harness.verdict import tolerance_profile
+
+KB = tolerance_profile("kernelbench")
 
 GOOD = {"compiled": True, "correct": True, "correct_robust": True, "speedup_median": 1.3,
         "speedup_low": 1.1, "speedup_high": 1.5, "error": None}
@@ -22,7 +25,7 @@ def _task(name: str, family: str = "mha") -> Task:
 
 
 def test_classify_follows_the_verdict_order():
-    kw = {"threshold": 1.0, "statistic": "low", "robust": True}
+    kw = {"threshold": 1.0, "statistic": "low", "robust": True, "profile": KB}
     assert classify(GOOD, **kw) == "kept"
     assert classify({**GOOD, "compiled": False, "correct": False}, **kw) == "build_failed"
     assert classify({**GOOD, "correct": False}, **kw) == "incorrect"
@@ -34,9 +37,11 @@ def test_classify_follows_the_verdict_order():
 
 def test_lower_bound_is_stricter_than_the_median():
     noisy = {**GOOD, "speedup_median": 1.05, "speedup_low": 0.97}
-    assert classify(noisy, threshold=1.0, statistic="low", robust=True) == "too_slow"
-    assert classify(noisy, threshold=1.0, statistic="median", robust=True) == "kept"
-    assert classify(GOOD, threshold=1.1, statistic="low", robust=True) == "kept"  # at = kept
+    kw = {"robust": True, "profile": KB}
+    assert classify(noisy, threshold=1.0, statistic="low", **kw) == "too_slow"
+    assert classify(noisy, threshold=1.0, statistic="median", **kw) == "kept"
+    assert classify(GOOD, threshold=1.1, statistic="low", **kw) == "too_slow"  # strictly above
+    assert classify(GOOD, threshold=1.09, statistic="low", **kw) == "kept"
 
 
 def test_task_reason_reports_the_most_promising_failure():

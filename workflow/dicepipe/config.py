@@ -118,6 +118,7 @@ def _cross_check(params: dict, source: str) -> None:
                 f"{source}: key 'sft.overrides.{scale}' is missing. Expected an entry for every "
                 "scale ({} for no overrides), so each runner tracks exactly its own settings."
             )
+    _check_tolerances(params, source)
     shards = params["verify"]["shards"]
     expected = [f"{i}-of-{len(shards)}" for i in range(1, len(shards) + 1)]
     if shards != expected:
@@ -131,6 +132,38 @@ def _cross_check(params: dict, source: str) -> None:
                 f"{source}: key 'models.{name}.path' is missing. Expected a hub id or a local "
                 "checkpoint folder for a model of kind " + repr(model["kind"]) + "."
             )
+
+
+def _tolerance_keys(node, path: str = ""):
+    """Every `tolerance: <profile name>` a stage section sets (any depth)."""
+    if isinstance(node, dict):
+        for key, value in node.items():
+            where = f"{path}.{key}" if path else str(key)
+            if key == "tolerance" and isinstance(value, str):
+                yield where, value
+            else:
+                yield from _tolerance_keys(value, where)
+
+
+def _check_tolerances(params: dict, source: str) -> None:
+    profiles = params["tolerance_profiles"]
+    for where, name in _tolerance_keys(params):
+        if name not in profiles:
+            raise ConfigError(
+                f"{source}: key '{where}' has value {name!r}, which is not a profile under "
+                f"'tolerance_profiles'. Expected one of {sorted(profiles)}."
+            )
+    loosest = params["harness"].get("max_tolerance")
+    if loosest is None:
+        return
+    for name, values in profiles.items():
+        for precision, tol in values.items():
+            if tol > loosest:
+                raise ConfigError(
+                    f"{source}: key 'tolerance_profiles.{name}.{precision}' has value {tol!r}, "
+                    f"looser than harness.max_tolerance={loosest!r}: kernels between the two "
+                    "would never be timed. Expected at most harness.max_tolerance (or raise it)."
+                )
 
 
 def load_params(path: str | Path = DEFAULT_PARAMS) -> dict:

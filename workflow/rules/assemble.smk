@@ -16,7 +16,7 @@ rule assemble:
     conda:
         "../../envs/dicepipe.yaml"
     params:
-        tracked=tracked("assemble", "verify.decision_thresholds"),
+        tracked=tracked("assemble", "verify.decision_thresholds", "tolerance_profiles"),
     shell:
         "dicepipe assemble --corpus {wildcards.corpus} --samples {input.samples}"
         " --measurements {input.measurements} --structural {input.structural}"

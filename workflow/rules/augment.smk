@@ -14,7 +14,7 @@ rule augment:
         gpu=lambda wc: int(corpus_backend(wc.corpus) == "cuda"),
         mem_mb=8000,
     params:
-        tracked=tracked("corpora.{corpus}", "augment", "harness"),
+        tracked=tracked("corpora.{corpus}", "augment", "harness", "tolerance_profiles"),
     shell:
         "dicepipe augment --corpus {wildcards.corpus} --out data/augment/{wildcards.corpus}"
         " --log {log}"

@@ -1,9 +1,9 @@
 """What the augment stage records: one row per attempt, the verdict rule that keeps a
 candidate, and the report's counts. Pure functions over plain rows.
 
-Verdict. A candidate is kept when it compiled, is correct (the robust verdict when
-harness.robust is set: no deception flag), and its speedup statistic is at or above
-`augment.speedup_threshold`. The statistic is `augment.speedup_statistic`: `low` (default)
+Verdict (harness/verdict.py). A candidate is kept when it compiled, is correct under
+`augment.tolerance` (the robust verdict when harness.robust is set: no deception flag), and
+its speedup statistic is above `augment.speedup_threshold`. The statistic is `augment.speedup_statistic`: `low` (default)
 is the lower end of the harness's speedup interval, so a kept sample is faster with the
 harness's confidence and not merely on a lucky median (near 1.0x a median is a coin flip);
 `median` is the ratio of median runtimes. `reported_speedup` is always the median."""
@@ -15,6 +15,8 @@ import statistics
 from collections import Counter
 
 import pyarrow as pa
+
+from ..harness.verdict import ToleranceProfile, judge
 
 ATTEMPT_SCHEMA = pa.schema([
     pa.field("task_id", pa.string(), nullable=False),
@@ -47,18 +49,16 @@ def _number(value) -> float | None:
     return None if math.isnan(value) else value
 
 
-def classify(result: dict, *, threshold: float, statistic: str, robust: bool) -> str:
-    """'kept' or the reason a harness result row does not yield a sample."""
-    if not result.get("compiled"):
-        return "build_failed"
-    if not result.get("correct"):
-        return "incorrect"
-    if robust and not result.get("correct_robust"):
-        return "flagged"
-    value = _number(result.get("speedup_low" if statistic == "low" else "speedup_median"))
-    if value is None:
-        return "unmeasured"
-    return "kept" if value >= threshold else "too_slow"
+_REASONS = {"not_measured": "build_failed", "not_compiled": "build_failed",
+            "incorrect": "incorrect", "flagged": "flagged", "no_speedup": "unmeasured",
+            "below_threshold": "too_slow", "accepted": "kept"}
+
+
+def classify(result: dict, *, threshold: float, statistic: str, robust: bool,
+             profile: ToleranceProfile) -> str:
+    """'kept' or the reason a harness result row does not yield a sample (harness verdict)."""
+    return _REASONS[judge(result, profile=profile, robust=robust, threshold=threshold,
+                          statistic=statistic)]
 
 
 def attempt_row(task, attempt: int, author: str, *, job_id=None, result=None, reason: str,

@@ -1,7 +1,8 @@
 """CuKe assembly as pure functions: verdicts, threshold, held-out split and the four splits.
 
-A corpus sample is kept for SFT when its measured kernel is correct (robust verdict by
-default) and its median speedup over PyTorch eager is at least the threshold. Structural
+A corpus sample is kept for SFT when its measured kernel is correct under the chosen
+tolerance profile (robust verdict by default) and its median speedup over PyTorch eager is
+above the threshold (harness/verdict.py decides). Structural
 samples (augment) were verified when generated and join as they are. Validation holds out
 whole reference programs (by a seeded hash), never seen by SFT or RL training."""
 
@@ -13,30 +14,23 @@ from collections import Counter
 from . import prompts
 from .extract import normalise_code
 from .infill import split_for_infilling
+from ..harness.verdict import ToleranceProfile, judge
 
 STRUCTURAL_LEVEL = 3
 
 
-def verdict(measurement: dict | None, threshold: float, robust: bool) -> str:
+def verdict(measurement: dict | None, threshold: float, robust: bool,
+            profile: ToleranceProfile) -> str:
     """Why a corpus sample is kept or not: kept | not_measured | not_compiled | incorrect |
-    flagged | no_speedup | below_threshold."""
-    if measurement is None:
-        return "not_measured"
-    if not measurement.get("compiled"):
-        return "not_compiled"
-    if not measurement.get("correct"):
-        return "incorrect"
-    if robust and not measurement.get("correct_robust"):
-        return "flagged"
-    speedup = measurement.get("speedup_median")
-    if speedup is None or speedup != speedup:  # NaN
-        return "no_speedup"
-    return "kept" if speedup >= threshold else "below_threshold"
+    flagged | no_speedup | below_threshold (the harness verdict, point speedup above p)."""
+    why = judge(measurement, profile=profile, robust=robust, threshold=threshold,
+                statistic="median")
+    return "kept" if why == "accepted" else why
 
 
-def is_solution(measurement: dict | None, robust: bool) -> bool:
+def is_solution(measurement: dict | None, robust: bool, profile: ToleranceProfile) -> bool:
     """A working (correct) kernel exists for this reference, whatever its speed."""
-    return verdict(measurement, float("inf"), robust) in ("below_threshold", "kept")
+    return judge(measurement, profile=profile, robust=robust) == "accepted"
 
 
 def reference_key(reference_code: str) -> str:
@@ -52,7 +46,7 @@ def held_out_references(reference_keys: list[str], fraction: float, minimum: int
 
 
 def assemble(samples: list[dict], measurements: dict[str, dict], structural: list[dict],
-             settings: dict) -> tuple[dict[str, list[dict]], dict]:
+             settings: dict, profile: ToleranceProfile) -> tuple[dict[str, list[dict]], dict]:
     """Return the splits {sft, rl_infill, rl_e2e, val} (lists of rows) and stats."""
     threshold, robust = settings["speedup_threshold"], settings["robust"]
     reasons: Counter = Counter()
@@ -61,11 +55,11 @@ def assemble(samples: list[dict], measurements: dict[str, dict], structural: lis
     kept, solved = [], []
     for sample in samples:
         m = measurements.get(sample["sample_id"])
-        why = verdict(m, threshold, robust)
+        why = verdict(m, threshold, robust, profile)
         reasons[why] += 1
         if why == "kept":
             kept.append(sample)
-        if is_solution(m, robust):
+        if is_solution(m, robust, profile):
             solved.append(sample)
     for row in structural:
         kept.append({**row, "level": row.get("level") or STRUCTURAL_LEVEL})
@@ -124,6 +118,7 @@ def assemble(samples: list[dict], measurements: dict[str, dict], structural: lis
     stats = {
         "speedup_threshold": threshold,
         "robust": robust,
+        "tolerance": profile.name,
         "samples": len(samples),
         "structural": len(structural),
         "reasons": dict(sorted(reasons.items())),
@@ -134,7 +129,9 @@ def assemble(samples: list[dict], measurements: dict[str, dict], structural: lis
     return splits, stats
 
 
-def kept_at_thresholds(samples: list[dict], measurements: dict[str, dict], thresholds, robust: bool) -> dict:
+def kept_at_thresholds(samples: list[dict], measurements: dict[str, dict], thresholds, robust: bool,
+                       profile: ToleranceProfile) -> dict:
     """How many corpus samples each threshold would keep (the ablation at a glance)."""
-    return {str(t): sum(verdict(measurements.get(s["sample_id"]), t, robust) == "kept" for s in samples)
+    return {str(t): sum(verdict(measurements.get(s["sample_id"]), t, robust, profile) == "kept"
+                        for s in samples)
             for t in thresholds}

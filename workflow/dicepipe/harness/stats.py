@@ -68,7 +68,10 @@ def settled(estimate: SpeedupEstimate, thresholds: Sequence[float]) -> bool:
 
 
 def judged_faster(estimate: SpeedupEstimate, threshold: float) -> bool:
-    return estimate.low > threshold
+    """The verdict's "low" statistic applied to an estimate (verdict.is_faster decides)."""
+    from .verdict import is_faster
+
+    return is_faster({"speedup_low": estimate.low}, threshold, "low")
 
 
 def iqr(values: Sequence[float]) -> float:

@@ -15,10 +15,13 @@ from ..data import cuke
 from ..data.schema import (RL_E2E_SCHEMA, RL_INFILL_SCHEMA, SAMPLE_SCHEMA, SFT_SCHEMA, VAL_SCHEMA,
                            read_table, write_table)
 from ..errors import StageInputError
+from ..harness.verdict import is_correct, tolerance_profile
 
 log = logging.getLogger(__name__)
 SPLIT_SCHEMAS = {"sft": SFT_SCHEMA, "rl_infill": RL_INFILL_SCHEMA, "rl_e2e": RL_E2E_SCHEMA, "val": VAL_SCHEMA}
 MEASUREMENT_COLUMNS = ("job_id", "compiled", "correct", "correct_robust", "speedup_median")
+# Read when present (the verdict falls back to `correct`/`correct_robust` without them).
+VERDICT_COLUMNS = ("tolerance_needed", "output_precision", "speedup_low")
 
 
 def add_arguments(parser) -> None:
@@ -36,7 +39,10 @@ def _read_measurements(path: str) -> dict[str, dict]:
     missing = [c for c in MEASUREMENT_COLUMNS if c not in table.column_names]
     if missing:
         raise StageInputError(f"{path}: missing columns {missing}; re-run verify.")
-    return {row["job_id"]: row for row in table.select(list(MEASUREMENT_COLUMNS)).to_pylist()}
+    extra = [c for c in table.column_names
+             if c in VERDICT_COLUMNS or c.startswith("flag_")]
+    return {row["job_id"]: row
+            for row in table.select(list(MEASUREMENT_COLUMNS) + extra).to_pylist()}
 
 
 def run(args, params: dict) -> int:
@@ -44,17 +50,18 @@ def run(args, params: dict) -> int:
     samples = read_table(args.samples, SAMPLE_SCHEMA).to_pylist()
     measurements = _read_measurements(args.measurements)
     structural = read_table(args.structural, SAMPLE_SCHEMA).to_pylist()
-    splits, stats = cuke.assemble(samples, measurements, structural, settings)
+    profile = tolerance_profile(settings["tolerance"], params["tolerance_profiles"])
+    splits, stats = cuke.assemble(samples, measurements, structural, settings, profile)
     stats["kept_at_thresholds"] = cuke.kept_at_thresholds(
         samples, measurements, sorted({*params["verify"]["decision_thresholds"], settings["speedup_threshold"]}),
-        settings["robust"])
+        settings["robust"], profile)
     out = Path(args.out_dir)
     for name, rows in splits.items():
         write_table(pa.Table.from_pylist(rows, schema=SPLIT_SCHEMAS[name]), out / f"{name}.parquet",
                     SPLIT_SCHEMAS[name])
     (out / "stats.json").write_text(json.dumps(stats, indent=2, sort_keys=True) + "\n")
     speedups = [m["speedup_median"] for m in measurements.values()
-                if m.get("correct") and m.get("speedup_median") is not None]
+                if is_correct(m, profile, robust=False) and m.get("speedup_median") is not None]
     plot_speedups(speedups, settings["speedup_threshold"], out / "speedups.png", args.corpus)
     log.info("corpus %s at threshold %.2fx: %s", args.corpus, settings["speedup_threshold"], stats["split_sizes"])
     if not splits["sft"]:
@@ -81,7 +88,7 @@ def plot_speedups(speedups: list[float], threshold: float, path: Path, title: st
     ax.axvline(1.0, color="grey", linewidth=0.8)
     ax.set_xlabel("measured speedup over PyTorch eager (median)")
     ax.set_ylabel("correct kernels")
-    ax.set_title(f"{title}: {len(values)} correct kernels, {int((values >= threshold).sum())} kept")
+    ax.set_title(f"{title}: {len(values)} correct kernels, {int((values > threshold).sum())} above the threshold")
     ax.legend()
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)

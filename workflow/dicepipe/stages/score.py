@@ -16,6 +16,7 @@ import math
 from pathlib import Path
 
 from ..errors import StageInputError
+from ..harness.verdict import is_correct, tolerance_profile, verdict
 
 log = logging.getLogger(__name__)
 REFERENCE_COLUMNS = ("reference_code", "reference", "ref_code")
@@ -91,22 +92,27 @@ def load_pairs_jobs(path: Path, backend: str) -> list:
                 backend=backend) for i, row in zip(ids, rows)]
 
 
-def summarize(table, thresholds: list[float], robust: bool) -> list[str]:
+def summarize(table, thresholds: list[float], robust: bool, profiles: dict) -> list[str]:
+    """Counts under each tolerance profile (harness/verdict.py decides every one)."""
     rows = table.to_pylist()
     n = len(rows)
-    verdict = "correct_robust" if robust else "correct"
-    lines = [f"{n} kernels: {sum(r['compiled'] for r in rows)} compiled, "
-             f"{sum(r['correct'] for r in rows)} correct, "
-             f"{sum(r['correct_robust'] for r in rows)} correct without deception flags"]
-    for p in thresholds:
-        faster = sum(1 for r in rows if r[verdict] and r["speedup_low"] is not None
-                     and r["speedup_low"] > p)
-        lines.append(f"fast_{p:g} ({verdict}, interval above {p:g}): {faster}/{n}")
-    speedups = [r["speedup_median"] for r in rows if r[verdict] and r["speedup_median"]]
-    if speedups:
-        geo = math.exp(sum(math.log(s) for s in speedups) / len(speedups))
-        lines.append(f"geometric mean speedup over {len(speedups)} {verdict} kernels: {geo:.3f}")
-    flagged = {name: sum(r[name] for r in rows) for name in table.column_names
+    kind = "robust" if robust else "plain"
+    lines = [f"{n} kernels: {sum(bool(r['compiled']) for r in rows)} compiled"]
+    for name in profiles:
+        profile = tolerance_profile(name, profiles)
+        plain = sum(is_correct(r, profile, robust=False) for r in rows)
+        strict = sum(is_correct(r, profile, robust=True) for r in rows)
+        lines.append(f"[{name}] {plain} correct, {strict} correct without deception flags")
+        for p in thresholds:
+            faster = sum(verdict(r, profile=profile, robust=robust, threshold=p) for r in rows)
+            lines.append(f"[{name}] fast_{p:g} ({kind}, interval above {p:g}): {faster}/{n}")
+        speedups = [r["speedup_median"] for r in rows
+                    if is_correct(r, profile, robust) and r["speedup_median"]]
+        if speedups:
+            geo = math.exp(sum(math.log(s) for s in speedups) / len(speedups))
+            lines.append(f"[{name}] geometric mean speedup over {len(speedups)} {kind}-correct "
+                         f"kernels: {geo:.3f}")
+    flagged = {name: sum(bool(r[name]) for r in rows) for name in table.column_names
                if name.startswith("flag_")}
     shown = ", ".join(f"{k[5:]}={v}" for k, v in flagged.items() if v)
     lines.append(f"deception flags: {shown or 'none'}")
@@ -128,7 +134,8 @@ def run(args, params: dict) -> int:
                                            cache_dir=args.cache_dir)
     log.info("scoring %d kernels on %s", len(jobs), args.backend)
     table = evaluate(jobs, settings, results_path=Path(args.out), progress=True)
-    for line in summarize(table, args.thresholds, params["harness"].get("robust", True)):
+    for line in summarize(table, args.thresholds, params["harness"]["robust"],
+                          params["tolerance_profiles"]):
         print(line)
     print(f"results: {args.out}")
     return 0
