@@ -1,0 +1,260 @@
+"""Harness trust on real kernels (issue 11): score a corpus of public KernelBench CUDA kernels.
+
+The corpus (kept out of the repository, e.g. .carry/realcorpus/) holds candidates/<key>.py,
+references/<key>.py with the same file names, and manifest.jsonl (key, source, level, problem,
+provenance, notes). Every pair runs through the harness once (cuda, repeats 1, params.yaml's
+harness settings), then each row is judged under every tolerance profile, plain and robust,
+through harness.verdict; nothing is re-measured to change a profile.
+
+    PYTHONUNBUFFERED=1 PYTHONPATH=workflow python3 bench/harness_real_corpus.py \
+        --corpus .carry/realcorpus --out $OUT/realcorpus
+    python3 bench/harness_real_corpus.py --corpus .carry/realcorpus --out x --summarize-only
+
+Writes <out>/per_kernel.parquet and .csv (one row per kernel: manifest fields, the result row,
+the verdict per profile, the flags set) and <out>/summary.txt / summary.json: compiled, correct
+per profile (plain and robust), rows per flag, launch-bound rows, per source, and every
+flagged kernel with its flags, so a person can read each one and judge the flag.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import time
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from dicepipe.harness.verdict import BUILTIN_PROFILES, ToleranceProfile, is_flagged, judge
+
+ROOT = Path(__file__).resolve().parents[1]
+
+PROFILE_NAMES = ("kernelbench", "kernelbench_v0")
+# Manifest fields copied beside each result row (the rest stays in manifest.jsonl).
+MANIFEST_FIELDS = ("source", "repo", "commit", "path", "level", "problem_id", "problem_name",
+                   "label", "expected", "model", "static_hints", "notes")
+
+
+# ---------------------------------------------------------------- judging (pure functions)
+
+def flags_set(row: Mapping) -> list[str]:
+    return sorted(name for name, value in row.items() if name.startswith("flag_") and value)
+
+
+def correct_under(row: Mapping, profile: ToleranceProfile) -> tuple[bool, str]:
+    """(correct under the profile, how it was decided), robustness aside.
+
+    Rows with `tolerance_needed` go through the one verdict function. Older rows (a harness
+    before issue 11) only carry `max_abs_error`, an absolute error: at most the profile's fp32
+    tolerance is enough for allclose (atol alone covers it), so the fallback never accepts a
+    row the real rule would reject, only misses some that a relative tolerance would accept.
+    """
+    if "tolerance_needed" in row:
+        return judge(row, profile=profile, robust=False) == "accepted", "tolerance_needed"
+    error = row.get("max_abs_error")
+    if not row.get("compiled") or error is None or not math.isfinite(float(error)):
+        return False, "max_abs_error"
+    if row.get("error_phase") not in (None, "correct", "timing"):
+        return False, "max_abs_error"
+    return float(error) <= profile.allowed(row.get("output_precision")), "max_abs_error"
+
+
+def judge_row(row: Mapping, profiles: Mapping[str, ToleranceProfile]) -> dict:
+    """The derived columns of one per-kernel row."""
+    flagged = is_flagged(row)
+    out = {"flags": ",".join(f[5:] for f in flags_set(row)), "flagged": flagged}
+    for name, profile in profiles.items():
+        ok, basis = correct_under(row, profile)
+        out[f"correct_{name}"] = ok
+        out[f"correct_{name}_robust"] = ok and not flagged
+        out["correct_basis"] = basis
+    return out
+
+
+def summarize(rows: Sequence[Mapping], profile_names: Sequence[str]) -> dict:
+    """Counts over judged per-kernel rows (judge_row's columns merged into each result row)."""
+    def block(subset: list[Mapping]) -> dict:
+        counts = {"kernels": len(subset),
+                  "compiled": sum(bool(r.get("compiled")) for r in subset),
+                  "launch_bound": sum(bool(r.get("launch_bound")) for r in subset),
+                  "flagged": sum(bool(r.get("flagged")) for r in subset)}
+        for name in profile_names:
+            counts[f"correct_{name}"] = sum(bool(r[f"correct_{name}"]) for r in subset)
+            counts[f"correct_{name}_robust"] = sum(bool(r[f"correct_{name}_robust"]) for r in subset)
+        return counts
+
+    flag_names = sorted({k for r in rows for k in r if k.startswith("flag_")})
+    by_source: dict[str, list[Mapping]] = {}
+    for r in rows:
+        by_source.setdefault(str(r.get("source") or "?"), []).append(r)
+    differ = [r["job_id"] for r in rows
+              if len({bool(r[f"correct_{n}"]) for n in profile_names}) > 1]
+    flagged_rows = [{"job_id": r["job_id"], "flags": r["flags"],
+                     "correct_loosest": any(bool(r[f"correct_{n}"]) for n in profile_names),
+                     "source": r.get("source"), "problem": r.get("problem_name"),
+                     "label": r.get("label"), "static_hints": r.get("static_hints"),
+                     "error": first_line(r.get("error"))}
+                    for r in rows if r.get("flagged")]
+    expected_mismatch = [r["job_id"] for r in rows if r.get("expected") == "correct"
+                         and not any(bool(r[f"correct_{n}"]) for n in profile_names)]
+    return {"total": block(list(rows)),
+            "by_source": {s: block(v) for s, v in sorted(by_source.items())},
+            "by_flag": {f: sum(bool(r.get(f)) for r in rows) for f in flag_names},
+            "correct_basis": dict(Counter(str(r.get("correct_basis")) for r in rows)),
+            "profiles_disagree": sorted(differ),
+            "source_says_correct_harness_not": sorted(expected_mismatch),
+            "error_phases": dict(Counter(str(r.get("error_phase")) for r in rows
+                                         if r.get("error_phase"))),
+            "flagged": sorted(flagged_rows, key=lambda f: f["job_id"])}
+
+
+def first_line(text) -> str | None:
+    if not text:
+        return None
+    lines = [line for line in str(text).splitlines() if line.strip()]
+    return lines[-1][:200] if lines else None
+
+
+def format_summary(summary: Mapping, profile_names: Sequence[str]) -> list[str]:
+    def counts_line(label: str, c: Mapping) -> str:
+        parts = [f"{c['compiled']}/{c['kernels']} compiled"]
+        for n in profile_names:
+            parts.append(f"{n}: {c[f'correct_{n}']} correct, {c[f'correct_{n}_robust']} robust")
+        parts.append(f"{c['flagged']} flagged, {c['launch_bound']} launch-bound")
+        return f"{label}: " + "; ".join(parts)
+
+    lines = [counts_line("all", summary["total"])]
+    lines += [counts_line(f"  {s}", c) for s, c in summary["by_source"].items()]
+    shown = ", ".join(f"{k[5:]}={v}" for k, v in summary["by_flag"].items() if v)
+    lines.append(f"rows per flag: {shown or 'none'}")
+    lines.append(f"correctness decided from: {summary['correct_basis']}")
+    if summary["error_phases"]:
+        lines.append(f"rows with an error, by phase: {summary['error_phases']}")
+    if summary["profiles_disagree"]:
+        lines.append(f"profiles disagree on {len(summary['profiles_disagree'])}: "
+                     + ", ".join(summary["profiles_disagree"]))
+    if summary["source_says_correct_harness_not"]:
+        lines.append("the source reports correct, no profile here does: "
+                     + ", ".join(summary["source_says_correct_harness_not"]))
+    lines.append(f"flagged kernels ({len(summary['flagged'])}):")
+    for f in summary["flagged"]:
+        extra = f" label={f['label']}" if f.get("label") else ""
+        lines.append(f"  {f['job_id']}: {f['flags']} (correct={f['correct_loosest']}{extra}; "
+                     f"{f['problem']}; hints={f['static_hints']})")
+    return lines
+
+
+# ---------------------------------------------------------------- corpus and harness (I/O)
+
+def read_manifest(corpus: Path) -> dict[str, dict]:
+    path = corpus / "manifest.jsonl"
+    if not path.is_file():
+        raise SystemExit(f"{path}: no such file. Expected the corpus folder with manifest.jsonl, "
+                         "candidates/ and references/.")
+    return {e["key"]: e for e in map(json.loads, path.read_text().splitlines()) if e}
+
+
+def corpus_jobs(corpus: Path, references: str, sources: Sequence[str] | None,
+                manifest: Mapping[str, dict], limit: int | None) -> list:
+    from dicepipe.harness import Job
+
+    jobs = []
+    for cand in sorted((corpus / "candidates").glob("*.py")):
+        meta = manifest.get(cand.stem, {})
+        if sources and meta.get("source") not in sources:
+            continue
+        ref = corpus / references / cand.name
+        if not ref.is_file():  # references_source/ has no file where the source shipped none
+            ref = corpus / "references" / cand.name
+        jobs.append(Job(cand.stem, ref.read_text(), cand.read_text(), "cuda"))
+    return jobs[:limit] if limit else jobs
+
+
+def run_harness(jobs: list, settings, results_path: Path):
+    from dicepipe import harness
+
+    if hasattr(harness, "HarnessSession"):
+        with harness.HarnessSession(settings) as session:
+            return session.evaluate(jobs, results_path=results_path, progress=True)
+    return harness.evaluate(jobs, settings, results_path=results_path, progress=True)
+
+
+def load_profiles(params: Mapping | None) -> dict[str, ToleranceProfile]:
+    table = (params or {}).get("tolerance_profiles") or BUILTIN_PROFILES
+    return {n: ToleranceProfile(n, float(table[n]["fp32"]), float(table[n]["low_precision"]))
+            for n in PROFILE_NAMES if n in table}
+
+
+def per_kernel_rows(result_rows: list[dict], manifest: Mapping[str, dict],
+                    profiles: Mapping[str, ToleranceProfile]) -> list[dict]:
+    rows = []
+    for r in result_rows:
+        meta = manifest.get(r["job_id"], {})
+        row = {k: meta.get(k) for k in MANIFEST_FIELDS}
+        row["static_hints"] = ",".join(meta.get("static_hints") or [])
+        row.update(r)
+        row.update(judge_row(r, profiles))
+        rows.append(row)
+    return rows
+
+
+def write_outputs(rows: list[dict], summary: dict, lines: list[str], out: Path) -> None:
+    import pyarrow as pa
+    import pyarrow.csv as pacsv
+    import pyarrow.parquet as pq
+
+    out.mkdir(parents=True, exist_ok=True)
+    table = pa.Table.from_pylist(rows)
+    pq.write_table(table, out / "per_kernel.parquet")
+    flat = [n for n in table.column_names if not pa.types.is_list(table.schema.field(n).type)]
+    pacsv.write_csv(table.select(flat), out / "per_kernel.csv")
+    (out / "summary.json").write_text(json.dumps(summary, indent=1, sort_keys=True) + "\n")
+    (out / "summary.txt").write_text("\n".join(lines) + "\n")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--corpus", required=True, type=Path)
+    parser.add_argument("--out", required=True, type=Path)
+    parser.add_argument("--references", default="references",
+                        help="references (shared KernelBench parquet, default) or "
+                             "references_source (what each source evaluated against)")
+    parser.add_argument("--sources", nargs="*", help="only these manifest sources")
+    parser.add_argument("--limit", type=int, default=None)
+    parser.add_argument("--results", type=Path, default=None,
+                        help="harness results Parquet, resumed if present (default <out>/results.parquet)")
+    parser.add_argument("--params", default=str(ROOT / "params.yaml"))
+    parser.add_argument("--summarize-only", action="store_true",
+                        help="judge an existing results Parquet; runs nothing")
+    args = parser.parse_args()
+
+    import pyarrow.parquet as pq
+    from dicepipe.config import load_params
+
+    params = load_params(args.params)
+    profiles = load_profiles(params)
+    manifest = read_manifest(args.corpus)
+    results = args.results or args.out / "results.parquet"
+    if args.summarize_only:
+        result_rows = pq.read_table(results).to_pylist()
+    else:
+        from dicepipe.harness import HarnessSettings
+
+        jobs = corpus_jobs(args.corpus, args.references, args.sources, manifest, args.limit)
+        settings = HarnessSettings.from_params(params["harness"], repeats=1)
+        results.parent.mkdir(parents=True, exist_ok=True)
+        print(f"{len(jobs)} kernels, references from {args.references}/", flush=True)
+        began = time.monotonic()
+        result_rows = run_harness(jobs, settings, results).to_pylist()
+        print(f"harness: {time.monotonic() - began:.0f} s", flush=True)
+    rows = per_kernel_rows(result_rows, manifest, profiles)
+    summary = summarize(rows, list(profiles))
+    lines = format_summary(summary, list(profiles))
+    write_outputs(rows, summary, lines, args.out)
+    print("\n".join(lines))
+    print(f"per-kernel table: {args.out / 'per_kernel.parquet'}")
+
+
+if __name__ == "__main__":
+    main()
