@@ -15,6 +15,7 @@ wildcard_constraints:
     scale="|".join(re.escape(s) for s in SCALES),
     corpus="|".join(re.escape(c) for c in CORPORA),
     shard="|".join(re.escape(s) for s in SHARDS),
+    benchmark="|".join(re.escape(b) for b in BENCHMARKS),
 
 
 include: "workflow/rules/ingest.smk"
@@ -22,9 +23,12 @@ include: "workflow/rules/verify.smk"
 include: "workflow/rules/augment.smk"
 include: "workflow/rules/assemble.smk"
 include: "workflow/rules/sft.smk"
+include: "workflow/rules/rl.smk"
+include: "workflow/rules/benchmark.smk"
+include: "workflow/rules/evaluate.smk"
 
 
 rule all:
     default_target: True
     input:
-        expand("models/sft/{scale}", scale=config["default_scales"]),
+        expand("results/kernelbench_{scale}.csv", scale=config["default_scales"]),

@@ -33,6 +33,23 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
+@pytest.fixture(autouse=True)
+def harness_tempdir(request, tmp_path_factory, monkeypatch):
+    """Harness tests make their temporary folders in a private directory, which must be empty
+    when the test ends: a run (even a killed one, cleaned by the next) leaves nothing behind."""
+    if not request.module.__name__.startswith("test_harness_"):
+        yield None
+        return
+    import tempfile
+
+    private = tmp_path_factory.mktemp("tempdir")
+    monkeypatch.setattr(tempfile, "tempdir", str(private))
+    monkeypatch.setenv("TMPDIR", str(private))  # and in the processes a test starts
+    yield private
+    left = sorted(os.listdir(private))
+    assert not left, f"the harness left {left} in the temporary directory"
+
+
 @pytest.fixture(scope="session")
 def repo_root() -> Path:
     return REPO_ROOT

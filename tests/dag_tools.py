@@ -11,6 +11,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 WORKFLOW_FILES = ["Snakefile", "dvc.yaml", "params.yaml", ".dvcignore", "workflow", "profiles", "envs"]
+# DVC's first stage validates params.yaml before any stage deletes its outputs (the Snakefile
+# validates while parsing, so Snakemake needs no such job); the root stages depend on it.
+DVC_ONLY_STAGES = {"check_params"}
+DVC_ONLY_DEPS = frozenset({"data/checked/params.json"})
 
 
 @dataclass(frozen=True)
@@ -44,6 +48,12 @@ def copy_workflow(repo_root: Path, dest: Path) -> Path:
         else:
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text("[]")
+    for bench in params.get("benchmarks", {}).values():
+        if bench["kind"] == "kernelbench_dir":
+            (dest / bench["path"] / "level1").mkdir(parents=True, exist_ok=True)
+        elif bench["kind"] == "parquet":
+            (dest / bench["path"]).parent.mkdir(parents=True, exist_ok=True)
+            (dest / bench["path"]).write_text("")
     return dest
 
 
@@ -62,6 +72,8 @@ def _stage_key(wildcards: dict) -> str:
         return wildcards["scale"]
     if "shard" in wildcards:
         return f"{wildcards['corpus']}-{wildcards['shard']}"
+    if "benchmark" in wildcards:
+        return wildcards["benchmark"]
     return wildcards["corpus"]
 
 
@@ -133,4 +145,27 @@ def deps_match(snake_inputs: frozenset, dvc_deps: frozenset) -> list[str]:
     for dep in sorted(dvc_deps):
         if not any(covered(path, dep) for path in snake_inputs):
             problems.append(f"DVC dep {dep} is not a Snakemake input")
+    return problems
+
+
+def stage_module_of(cmd: str) -> str:
+    """The dicepipe.stages module a stage command runs (`dicepipe verify-gather ...`)."""
+    from dicepipe.cli import STAGES
+
+    words = cmd.split()
+    assert words[0] == "dicepipe", cmd
+    return STAGES[words[1]][0]
+
+
+def closure_problems(records: dict[str, StageRecord], package_dir: Path) -> list[str]:
+    """Package files a stage runs (its import closure) that its DVC deps do not cover."""
+    from dicepipe.deps import stage_code, uncovered
+
+    root = package_dir.parent.parent
+    problems = []
+    for name, record in sorted(records.items()):
+        files = [str(Path(f).relative_to(root))
+                 for f in stage_code(stage_module_of(record.cmd), package_dir)]
+        problems += [f"{name}: runs {f}, which its DVC deps do not cover"
+                     for f in uncovered(files, sorted(record.deps))]
     return problems

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import re
 import subprocess
 import sys
 
@@ -92,13 +93,54 @@ def test_snakemake_refuses_bad_params(repo_root, raw, tmp_path):
     assert "speedup_threshold" in result.stdout + result.stderr
 
 
-def test_dotted_keys_with_dotted_scale_names(params):
-    from dicepipe.config import dvc_trackable_key, lookup, split_key
+def test_scale_names_have_no_dots_so_dvc_can_track_each_scale(raw, params):
+    """DVC addresses params by dotted path: a scale `1.7b` could only be tracked through its
+    parent (every scale re-run on any scale's edit). The schema refuses it, naming the fix."""
+    from dicepipe.config import lookup, split_key
 
-    assert split_key(params, "sft.overrides.1.7b") == ["sft", "overrides", "1.7b"]
-    assert lookup(params, "scales.1.7b.backend") == "cuda"
-    assert dvc_trackable_key(params, "sft.overrides.tiny") == "sft.overrides"
-    assert dvc_trackable_key(params, "models.tiny") == "models.tiny"
-    assert dvc_trackable_key(params, "assemble") == "assemble"
+    assert split_key(params, "sft.overrides.1p7b") == ["sft", "overrides", "1p7b"]
+    assert lookup(params, "scales.1p7b.backend") == "cuda"
+    bad = copy.deepcopy(raw)
+    bad["scales"]["1.7b"] = bad["scales"].pop("1p7b")
+    with pytest.raises(ConfigError, match=r"1\.7b.*1p7b, not 1\.7b"):
+        validate_params(bad)
     with pytest.raises(ConfigError, match="does not exist"):
         split_key(params, "scales.2b")
+
+
+@pytest.mark.parametrize("edit, rule", [
+    (lambda p: p["assemble"].__setitem__("speedup_threshold", -1), "must be greater than 0"),
+    (lambda p: p["verify"].__setitem__("repeats", 50), "must be at most 20"),
+    (lambda p: p["harness"].__setitem__("correct_trials", 1.5), "must be a whole number"),
+    (lambda p: p["augment"].__setitem__("author", "human"), "must be one of"),
+])
+def test_messages_name_the_rule_the_value_breaks(raw, edit, rule):
+    bad = copy.deepcopy(raw)
+    edit(bad)
+    with pytest.raises(ConfigError, match=rule):
+        validate_params(bad)
+
+
+def test_the_schema_is_the_one_home_of_every_default():
+    """Code that carries a default of its own must agree with the schema's."""
+    import dataclasses
+
+    from dicepipe.config import schema_defaults
+    from dicepipe.harness.settings import HarnessSettings
+
+    harness = schema_defaults("harness")
+    fields = {f.name: f.default for f in dataclasses.fields(HarnessSettings)}
+    assert {k: fields[k] for k in harness} == harness
+    from dicepipe.train.sft import with_defaults
+
+    assert with_defaults({}) == schema_defaults("sft", "defaults")
+    assert set(with_defaults({})) == set(schema_defaults("sft", "defaults"))
+
+
+def test_params_header_names_the_schema_that_exists(repo_root):
+    from dicepipe.config import SCHEMA_PATH
+
+    header = (repo_root / "params.yaml").read_text().split("\n\n")[0]
+    named = re.findall(r"\S+\.schema\.\w+", header)
+    assert named and all((repo_root / name).is_file() for name in named), named
+    assert (repo_root / named[0]).resolve() == SCHEMA_PATH

@@ -75,6 +75,11 @@ def test_deceptive_candidate_is_flagged(rows, name):
     row = rows[name]
     assert row[flag], (name, flag, row["error"])
     assert not row["correct_robust"], name
+    if name == "post_timing_wrong":
+        # wrong from its 13th call on: the checked timed outputs see it too, so values alone
+        # make it incorrect and its timing is dropped
+        assert not row["correct"] and row["speedup_median"] is None, row["error"]
+        return
     # the flag is all that gives it away: by values alone it passes
     assert row["correct"], (name, row["error"])
 

@@ -15,7 +15,10 @@ from dicepipe.harness import evaluate
 from test_harness_helpers import RELU_REF, by_id, job, python_candidate, settings
 
 GOOD = python_candidate("return x.clamp_min(0)")
+LAST = python_candidate("return torch.relu(x)")  # not GOOD: an identical job would be a copy
 HANG = python_candidate("import time\ntime.sleep(3600)\nreturn x")
+# the same in both runs: run_timeout_s is a measuring setting (another value re-measures)
+TIMEOUT_S = 20
 
 RUNNER = textwrap.dedent("""
     import sys
@@ -23,9 +26,10 @@ RUNNER = textwrap.dedent("""
     sys.path.insert(0, {tests!r})
     from dicepipe.harness import evaluate
     from test_harness_helpers import RELU_REF, job, settings
-    from test_harness_resume import GOOD, HANG
-    jobs = [job("first", RELU_REF, GOOD), job("hang", RELU_REF, HANG), job("last", RELU_REF, GOOD)]
-    evaluate(jobs, settings(Path({cache!r}), run_timeout_s=600), Path({out!r}), progress=False)
+    from test_harness_resume import GOOD, HANG, LAST, TIMEOUT_S
+    jobs = [job("first", RELU_REF, GOOD), job("hang", RELU_REF, HANG), job("last", RELU_REF, LAST)]
+    evaluate(jobs, settings(Path({cache!r}), run_timeout_s=TIMEOUT_S), Path({out!r}),
+             progress=False)
 """)
 
 
@@ -77,8 +81,8 @@ def test_resume_after_kill(tmp_path):
     assert workers and not any(_alive(pid) for pid in workers), "workers outlived their parent"
 
     resumed = evaluate([job("first", RELU_REF, GOOD), job("hang", RELU_REF, HANG),
-                        job("last", RELU_REF, GOOD)],
-                       settings(tmp_path / "cache", run_timeout_s=5), out, progress=False)
+                        job("last", RELU_REF, LAST)],
+                       settings(tmp_path / "cache", run_timeout_s=TIMEOUT_S), out, progress=False)
     rows = by_id(resumed)
     assert list(rows) == ["first", "hang", "last"]
     # not re-run: the row is the journaled one, timings and all

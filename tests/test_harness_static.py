@@ -78,6 +78,21 @@ def test_try_fallback():
     assert not flags(finally_only)["flag_try_fallback"]
 
 
+def test_try_around_the_build_or_imports_is_not_a_fallback():
+    build_guard = (
+        "import torch\nfrom torch.utils.cpp_extension import load_inline\n"
+        "try:\n    ext = load_inline(name='e', cpp_sources='', functions=['f'])\n"
+        "except Exception:\n    ext = None\n"
+        "try:\n    import triton\nexcept ImportError:\n    triton = None\n")
+    assert not flags(build_guard)["flag_try_fallback"]
+    lazy_compute = (
+        "from torch.utils.cpp_extension import load_inline\n"
+        "class ModelNew:\n    def forward(self, x):\n        try:\n"
+        "            return load_inline(name='e', cpp_sources='', functions=['f']).f(x)\n"
+        "        except Exception:\n            return x.relu()\n")
+    assert flags(lazy_compute)["flag_try_fallback"]
+
+
 @pytest.mark.parametrize("code,backend", [
     ("import threading\n" + HONEST_RELU, "cpu"),
     (HONEST_RELU.replace("return ext.relu_fwd(x)",

@@ -10,9 +10,15 @@ from pathlib import Path
 import pytest
 import yaml
 
-from dicepipe.config import dvc_trackable_key
-
-from dag_tools import copy_workflow, deps_match, dvc_records, snakemake_records
+from dag_tools import (
+    DVC_ONLY_DEPS,
+    DVC_ONLY_STAGES,
+    closure_problems,
+    copy_workflow,
+    deps_match,
+    dvc_records,
+    snakemake_records,
+)
 
 
 @pytest.fixture(scope="module")
@@ -29,14 +35,17 @@ def dvc_stages(workspace):
 
 
 def _scale_targets(params: dict, scale: str) -> list[str]:
-    return [f"models/sft/{scale}"]
+    return [f"results/kernelbench_{scale}.csv"]
 
 
-@pytest.mark.parametrize("scale", ["tiny", "1.7b", "4b", "8b"])
+@pytest.mark.parametrize("scale", ["tiny", "1p7b", "4b", "8b"])
 def test_snakemake_and_dvc_agree_for_scale(workspace, dvc_stages, scale):
     params = yaml.safe_load((workspace / "params.yaml").read_text())
     snake = snakemake_records(workspace, _scale_targets(params, scale))
-    assert "sft@" + scale in snake
+    assert {"sft@" + scale, "rl_infill@" + scale, "rl_e2e@" + scale, "evaluate@" + scale,
+            "benchmark@" + params["scales"][scale]["benchmark"]} <= set(snake)
+    # evaluation scores the last RL stage's checkpoint
+    assert f"models/rl_e2e/{scale}" in snake["evaluate@" + scale].deps
     assert snake, "Snakemake built an empty DAG"
     problems = []
     for name, record in sorted(snake.items()):
@@ -48,12 +57,13 @@ def test_snakemake_and_dvc_agree_for_scale(workspace, dvc_stages, scale):
             problems.append(f"{name}: commands differ\n  snakemake: {record.cmd}\n  dvc:       {other.cmd}")
         if record.outs != other.outs:
             problems.append(f"{name}: outputs differ: {sorted(record.outs ^ other.outs)}")
-        if {dvc_trackable_key(params, k) for k in record.params} != other.params:
+        if set(record.params) != other.params:
             problems.append(f"{name}: params differ: snakemake {sorted(record.params)} "
                             f"dvc {sorted(other.params)}")
-        problems += [f"{name}: {p}" for p in deps_match(record.deps, other.deps)]
+        problems += [f"{name}: {p}" for p in deps_match(record.deps, other.deps - DVC_ONLY_DEPS)]
     # every DVC stage that feeds this scale's target must be a Snakemake job too
     needed = {n for n in dvc_stages if n.endswith(f"@{scale}")}
+    needed.add("benchmark@" + params["scales"][scale]["benchmark"])
     problems += [f"{n}: in dvc.yaml, not in Snakemake" for n in sorted(needed - set(snake))]
     assert not problems, "\n".join(problems)
 
@@ -63,8 +73,11 @@ def test_every_dvc_stage_is_a_snakemake_rule(workspace, dvc_stages):
     targets = [t for s in params["scales"] for t in _scale_targets(params, s)]
     snake = snakemake_records(workspace, targets)
     corpora_used = {s["corpus"] for s in params["scales"].values()}
-    expected = {n for n in dvc_stages
-                if n.split("@")[1].split("-")[0] in corpora_used | set(params["scales"])}
+    keyed = {n for n in dvc_stages if n not in DVC_ONLY_STAGES}
+    benchmarks_used = {"benchmark@" + s["benchmark"] for s in params["scales"].values()}
+    expected = {n for n in keyed
+                if n.split("@")[1].split("-")[0] in corpora_used | set(params["scales"])
+                and not n.startswith("benchmark@")} | benchmarks_used
     assert expected == set(snake) & expected
     assert set(snake) <= set(dvc_stages)
 
@@ -95,3 +108,42 @@ def test_dvc_dag_lists_same_stages_as_stage_list(workspace, dvc_stages):
                             capture_output=True, text=True, check=True)
     for name in dvc_stages:
         assert f'"{name}"' in result.stdout
+
+
+def test_dvc_deps_cover_every_module_each_stage_imports(workspace, dvc_stages):
+    """Each stage's code deps are its import closure (dicepipe.deps): the rules take it as
+    inputs, and dvc.yaml must list folders or files covering it."""
+    problems = closure_problems(dvc_stages, workspace / "workflow" / "dicepipe")
+    assert not problems, "\n".join(problems)
+
+
+def test_a_stage_importing_an_unlisted_module_fails_the_check(repo_root, dvc_stages, tmp_path):
+    copy = copy_workflow(repo_root, tmp_path)
+    stage = copy / "workflow/dicepipe/stages/ingest.py"
+    stage.write_text(stage.read_text() + "\nfrom ..augment import tasks as _tasks  # noqa: E402\n")
+    problems = closure_problems({"ingest@seed": dvc_stages["ingest@seed"]},
+                                copy / "workflow" / "dicepipe")
+    assert any("workflow/dicepipe/augment/tasks.py" in p for p in problems), problems
+    snake = snakemake_records(copy, ["data/ingest/seed/samples.parquet"])
+    assert "workflow/dicepipe/augment/tasks.py" in snake["ingest@seed"].deps
+
+
+def test_every_dvc_stage_descends_from_check_params(dvc_stages):
+    """DVC deletes a stage's outputs right before running it: params must be validated
+    upstream of every stage, so a bad value never costs a previous result."""
+    producers = {out: name for name, r in dvc_stages.items() for out in r.outs}
+
+    def parents(record):
+        return {producers[o] for d in record.deps for o in producers
+                if o == d or o.startswith(d.rstrip("/") + "/")}
+
+    orphans = []
+    for name in dvc_stages:
+        seen, todo = set(), [name]
+        while todo:
+            current = todo.pop()
+            seen.add(current)
+            todo += [p for p in parents(dvc_stages[current]) if p not in seen]
+        if name != "check_params" and "check_params" not in seen:
+            orphans.append(name)
+    assert not orphans, f"stages that may run before params are checked: {orphans}"

@@ -6,6 +6,7 @@ trials); the shipped corpus, model spec and stages are the real ones."""
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import re
@@ -27,7 +28,8 @@ CORPUS_SUBSET = ["relu", "rms_norm", "softmax_rows", "scale_residual_gelu", "mat
                  "mlp_block"]
 
 BIN = Path(sys.executable).parent
-TINY_TARGET = "models/sft/tiny"
+TINY_TARGET = "results/kernelbench_tiny.csv"
+TINY_MODEL = "models/sft/tiny"
 
 
 def _env() -> dict:
@@ -55,6 +57,8 @@ def fast_params(path: Path) -> None:
     params["sft"]["overrides"]["tiny"].update(epochs=2)
     params["augment"].update(attempts=1, repeats=1)
     params["augment"]["max_tasks"]["cpu"] = 2
+    # the random tiny model writes no kernels: a few tokens exercise generation and scoring
+    params["evaluate"]["overrides"]["tiny"].update(max_new_tokens=16, repeats=1)
     path.write_text(yaml.safe_dump(params, sort_keys=False))
 
 
@@ -102,9 +106,9 @@ def digest(path: Path) -> str:
 @pytest.fixture(scope="module")
 def dvc_workspace(repo_root, tmp_path_factory):
     ws = make_workspace(repo_root, tmp_path_factory.mktemp("dvc"))
-    result = sh([BIN / "dvc", "repro", "sft@tiny"], ws)
+    result = sh([BIN / "dvc", "repro", "evaluate@tiny"], ws)
     expected = {"ingest@seed", "verify@seed-1-of-2", "verify@seed-2-of-2", "verify_gather@seed",
-                "augment@seed", "assemble@seed", "sft@tiny"}
+                "augment@seed", "assemble@seed", "sft@tiny", "benchmark@seed", "evaluate@tiny"}
     assert expected <= ran_stages(result.stdout), result.stdout
     sh(["git", "add", "-A"], ws)
     sh(["git", "commit", "-qm", "run"], ws)
@@ -116,19 +120,28 @@ def test_dvc_repro_produces_every_output(dvc_workspace):
     for path in ["data/ingest/seed/samples.parquet", "data/verify/seed/measurements.parquet",
                  "data/augment/seed/structural.parquet", "data/cuke/seed/sft.parquet",
                  "data/cuke/seed/rl_infill.parquet", "data/cuke/seed/rl_e2e.parquet",
-                 "data/cuke/seed/val.parquet", "data/cuke/seed/stats.json", TINY_TARGET]:
+                 "data/cuke/seed/val.parquet", "data/cuke/seed/stats.json", TINY_MODEL,
+                 "data/benchmark/seed.parquet", TINY_TARGET, "results/kernelbench_compare_tiny.csv",
+                 "results/kernelbench_tiny/tasks.csv", "metrics/evaluate/tiny/metrics.json",
+                 "metrics/evaluate/tiny/levels.png", "metrics/evaluate/tiny/speedups.png"]:
         assert (ws / path).exists(), path
+    import csv
+
     import pyarrow.parquet as pq
 
     assert pq.read_table(ws / "data/cuke/seed/sft.parquet").num_rows > 0
-    status = sh([BIN / "dvc", "status", "--with-deps", "sft@tiny"], ws)
+    with open(ws / TINY_TARGET) as fh:
+        summary = list(csv.DictReader(fh))
+    assert [row["level"] for row in summary] == ["1", "2", "3", "all"]
+    assert summary[-1]["tasks"] == "12"
+    status = sh([BIN / "dvc", "status", "--with-deps", "evaluate@tiny"], ws)
     assert "up to date" in status.stdout
 
 
 def test_dvc_threshold_change_reruns_assemble_and_descendants_only(dvc_workspace, tmp_path):
     ws = tmp_path / "exp"
     shutil.copytree(dvc_workspace, ws, symlinks=True)
-    result = sh([BIN / "dvc", "exp", "run", "-S", "assemble.speedup_threshold=2.5", "sft@tiny"], ws)
+    result = sh([BIN / "dvc", "exp", "run", "-S", "assemble.speedup_threshold=2.5", "evaluate@tiny"], ws)
     ran = ran_stages(result.stdout)
     assert "assemble@seed" in ran
     assert not {s for s in ran if s.startswith(("verify", "ingest", "augment"))}, ran
@@ -145,10 +158,11 @@ def test_dvc_push_then_pull_on_a_second_clone(dvc_workspace, tmp_path):
     sh(["git", "clone", "-q", str(ws), str(clone)], tmp_path)
     (clone / ".cache").symlink_to(ws / ".cache")
     sh([BIN / "dvc", "remote", "add", "-d", "--local", "store", str(store)], clone)
-    sh([BIN / "dvc", "pull", "--with-deps", "sft@tiny"], clone)
-    for path in ["data/cuke/seed/sft.parquet", "data/verify/seed/measurements.parquet", TINY_TARGET]:
+    sh([BIN / "dvc", "pull", "--with-deps", "evaluate@tiny"], clone)
+    for path in ["data/cuke/seed/sft.parquet", "data/verify/seed/measurements.parquet", TINY_MODEL,
+                 TINY_TARGET]:
         assert digest(clone / path) == digest(ws / path), path
-    status = sh([BIN / "dvc", "status", "--with-deps", "sft@tiny"], clone)
+    status = sh([BIN / "dvc", "status", "--with-deps", "evaluate@tiny"], clone)
     assert "up to date" in status.stdout, status.stdout
 
 
@@ -168,16 +182,118 @@ def test_transform_stages_are_byte_identical_on_rerun(dvc_workspace, tmp_path):
             assert str(tmp_path).encode() not in path.read_bytes(), f"absolute path inside {path}"
 
 
-def test_snakemake_runs_tiny_and_reruns_only_what_a_threshold_touches(repo_root, tmp_path):
-    ws = make_workspace(repo_root, tmp_path / "snake")
+@pytest.fixture(scope="module")
+def snake_workspace(repo_root, tmp_path_factory):
+    """One Snakemake run of the tiny target, shared: tests edit params.yaml and dry-run
+    (restoring it), or work on a copy."""
+    ws = make_workspace(repo_root, tmp_path_factory.mktemp("snake"))
     sh([BIN / "snakemake", "--cores", "2", "--", TINY_TARGET], ws)
-    assert (ws / TINY_TARGET).is_dir()
-    again = sh([BIN / "snakemake", "-n", "--cores", "2", "--", TINY_TARGET], ws)
-    assert "Nothing to be done" in again.stdout + again.stderr
-    params = yaml.safe_load((ws / "params.yaml").read_text())
-    params["assemble"]["speedup_threshold"] = 2.5
+    assert (ws / TINY_TARGET).is_file() and (ws / TINY_MODEL).is_dir()
+    return ws
+
+
+@contextlib.contextmanager
+def edited_params(ws: Path, edit):
+    """params.yaml with `edit(params)` applied, restored afterwards."""
+    original = (ws / "params.yaml").read_text()
+    params = yaml.safe_load(original)
+    edit(params)
     (ws / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    try:
+        yield
+    finally:
+        (ws / "params.yaml").write_text(original)
+
+
+def snakemake_would_run(ws: Path) -> set[str]:
     dry = sh([BIN / "snakemake", "-n", "--cores", "2", "--", TINY_TARGET], ws)
     text = dry.stdout + dry.stderr
-    jobs = set(re.findall(r"^rule (\w+):", text, re.MULTILINE))
-    assert jobs == {"assemble", "sft"}, text[-3000:]
+    return set(re.findall(r"^rule (\w+):", text, re.MULTILINE))
+
+
+def test_snakemake_runs_tiny_and_reruns_only_what_a_threshold_touches(snake_workspace):
+    ws = snake_workspace
+    assert snakemake_would_run(ws) == set()
+    with edited_params(ws, lambda p: p["assemble"].__setitem__("speedup_threshold", 2.5)):
+        assert snakemake_would_run(ws) == {"assemble", "sft", "rl_infill", "rl_e2e", "evaluate"}
+
+
+# Exact tracking (issue 14): run-only harness settings re-run nothing, measurement settings
+# re-run verification and what follows, and each scale re-runs only for its own entries.
+RUN_ONLY_EDITS = {"harness.cache_dir": lambda p: p["harness"].__setitem__("cache_dir", ".cache/other"),
+                  "harness.build_workers": lambda p: p["harness"].__setitem__("build_workers", 1)}
+
+
+@pytest.mark.parametrize("key", sorted(RUN_ONLY_EDITS))
+def test_snakemake_reruns_nothing_for_run_only_harness_settings(snake_workspace, key):
+    with edited_params(snake_workspace, RUN_ONLY_EDITS[key]):
+        assert snakemake_would_run(snake_workspace) == set()
+
+
+def test_snakemake_reruns_verify_and_what_follows_for_a_measurement_setting(snake_workspace):
+    with edited_params(snake_workspace, lambda p: p["harness"].__setitem__("correct_trials", 3)):
+        assert snakemake_would_run(snake_workspace) == {
+            "verify", "verify_gather", "augment", "assemble", "sft", "rl_infill", "rl_e2e",
+            "evaluate"}
+
+
+def dvc_changed_stages(ws: Path) -> set[str]:
+    import json
+
+    result = sh([BIN / "dvc", "status", "--json"], ws)
+    return set(json.loads(result.stdout or "{}"))
+
+
+@pytest.fixture()
+def dvc_copy(dvc_workspace, tmp_path):
+    ws = tmp_path / "copy"
+    shutil.copytree(dvc_workspace, ws, symlinks=True)
+    return ws
+
+
+def test_dvc_tracks_only_what_changes_a_result(dvc_copy):
+    ws = dvc_copy
+    tiny = {"check_params", "ingest@seed", "verify@seed-1-of-2", "verify@seed-2-of-2",
+            "verify_gather@seed", "augment@seed", "assemble@seed", "sft@tiny", "rl_infill@tiny",
+            "rl_e2e@tiny", "benchmark@seed", "evaluate@tiny"}
+    # run-only settings: only the params check re-runs, and nothing after it
+    with edited_params(ws, lambda p: [edit(p) for edit in RUN_ONLY_EDITS.values()]):
+        result = sh([BIN / "dvc", "repro", "evaluate@tiny"], ws)
+        assert ran_stages(result.stdout) <= {"check_params"}, result.stdout
+    # a measurement setting: the stages that measure (verify, augment; RL rewards and
+    # evaluation too), never those that only read measurements (DVC re-runs them downstream)
+    with edited_params(ws, lambda p: p["harness"].__setitem__("correct_trials", 3)):
+        changed = dvc_changed_stages(ws) & tiny
+        assert {"check_params", "verify@seed-1-of-2", "verify@seed-2-of-2",
+                "augment@seed"} <= changed
+        assert not changed & {"ingest@seed", "verify_gather@seed", "assemble@seed", "sft@tiny",
+                              "benchmark@seed"}, changed
+    # tuning the 8b scale touches no tiny stage
+    with edited_params(ws, lambda p: p["sft"]["overrides"]["8b"].__setitem__("learning_rate", 2e-5)):
+        assert dvc_changed_stages(ws) & tiny == {"check_params"}
+
+
+def test_a_bad_value_under_dvc_repro_keeps_the_previous_outputs(dvc_copy):
+    """DVC deletes a stage's outputs right before running it; check_params runs first."""
+    ws = dvc_copy
+    before = digest(ws / "data/cuke/seed")
+    with edited_params(ws, lambda p: p["assemble"].__setitem__("speedup_threshold", -1)):
+        result = sh([BIN / "dvc", "repro", "evaluate@tiny"], ws, check=False)
+    assert result.returncode != 0
+    assert "assemble.speedup_threshold" in result.stdout + result.stderr
+    assert "must be greater than 0" in result.stdout + result.stderr
+    assert digest(ws / "data/cuke/seed") == before
+    assert (ws / "data/cuke/seed/sft.parquet").is_file()
+
+
+def test_dvc_takes_over_a_snakemake_run_without_recomputing(snake_workspace, tmp_path):
+    """README's hand-over: after Snakemake, DVC records the results as its own."""
+    ws = tmp_path / "handover"
+    shutil.copytree(snake_workspace, ws, symlinks=True)
+    before = digest(ws / TINY_MODEL)
+    sh([BIN / "dvc", "repro", "check_params"], ws)
+    sh([BIN / "dvc", "commit", "--force", "--with-deps", "evaluate@tiny"], ws)
+    status = sh([BIN / "dvc", "status", "--with-deps", "evaluate@tiny"], ws)
+    assert "up to date" in status.stdout, status.stdout
+    assert digest(ws / TINY_MODEL) == before
+

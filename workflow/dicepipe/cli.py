@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import logging
+import os
 import sys
 from pathlib import Path
 
@@ -21,10 +22,14 @@ STAGES: dict[str, tuple[str, str]] = {
     "check-params": ("check_params", "validate params.yaml and print the resolved scales"),
     "ingest": ("ingest", "read a corpus source into a normalised samples table"),
     "verify": ("verify", "measure one shard of a corpus's samples with the harness"),
-    "verify-gather": ("verify", "join verify shards into one measurements table"),
+    "verify-gather": ("verify_gather", "join verify shards into one measurements table"),
     "augment": ("augment", "generate and verify structural samples (attention, MLP blocks)"),
     "assemble": ("assemble", "apply the threshold and write the CuKe splits"),
     "sft": ("sft", "supervised fine-tuning of a block-diffusion model"),
+    "rl-infill": ("rl_infill", "BiC-RL stage 1: kernel-infilling RL from the SFT checkpoint"),
+    "rl-e2e": ("rl_e2e", "BiC-RL stage 2: end-to-end kernel RL from the rl_infill checkpoint"),
+    "benchmark": ("benchmark", "materialise a benchmark suite (KernelBench levels) as a table"),
+    "evaluate": ("evaluate", "KernelBench evaluation of a scale's model and its baselines"),
     "score": ("score", "score anyone's kernels: a folder or parquet of (reference, candidate)"),
 }
 
@@ -33,9 +38,12 @@ log = logging.getLogger("dicepipe")
 
 def _setup_logging(log_path: str | None, verbose: bool) -> None:
     handlers: list[logging.Handler] = [logging.StreamHandler(sys.stderr)]
-    if log_path:
+    # Under torchrun (RANK set) the launching process has already started the log: rank 0
+    # appends to it, the other ranks log to stderr only (torchrun forwards it).
+    rank = os.environ.get("RANK")
+    if log_path and rank in (None, "0"):
         Path(log_path).parent.mkdir(parents=True, exist_ok=True)
-        handlers.append(logging.FileHandler(log_path, mode="w"))
+        handlers.append(logging.FileHandler(log_path, mode="w" if rank is None else "a"))
     logging.basicConfig(
         level=logging.DEBUG if verbose else logging.INFO,
         format="%(asctime)s %(name)s %(levelname)s %(message)s",
@@ -53,21 +61,22 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--params", default="params.yaml", help="params file (default: params.yaml)")
         p.add_argument("--log", default=None, help="also write the log to this file")
         p.add_argument("-v", "--verbose", action="store_true")
-        adder = getattr(module, "add_gather_arguments" if command == "verify-gather" else "add_arguments")
-        adder(p)
-        p.set_defaults(_module=module, _entry="run_gather" if command == "verify-gather" else "run")
+        module.add_arguments(p)
+        p.set_defaults(_module=module)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    # the command line as given, for stages that start themselves again under torchrun
+    args.argv = list(sys.argv[1:] if argv is None else argv)
     _setup_logging(args.log, args.verbose)
     try:
         from .config import load_params
 
         params = load_params(args.params)
-        return int(getattr(args._module, args._entry)(args, params) or 0)
+        return int(args._module.run(args, params) or 0)
     except DicepipeError as exc:
         log.error("%s", exc)
         return 2

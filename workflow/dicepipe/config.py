@@ -1,8 +1,9 @@
 """Loading and validating params.yaml, and resolving a scale to its parts.
 
 Values stay plain dicts (as in nanoGPT): stages read their own section. Validation is
-the JSON schema under workflow/schemas/ (the same file the Snakefile validates with)
-plus cross-references the schema cannot express (a scale's corpus must exist, ...).
+the JSON schema shipped inside the package (dicepipe/schemas/params.schema.yaml, the same
+file the Snakefile validates with, and the one home of every default) plus cross-references
+the schema cannot express (a scale's corpus must exist, ...).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import yaml
 
 from .errors import ConfigError
 
-SCHEMA_PATH = Path(__file__).resolve().parent.parent / "schemas" / "params.schema.yaml"
+SCHEMA_PATH = Path(__file__).resolve().parent / "schemas" / "params.schema.yaml"
 DEFAULT_PARAMS = Path("params.yaml")
 
 
@@ -60,29 +61,88 @@ def validate_params(params: dict, source: str = "params.yaml") -> dict:
     validator = jsonschema.Draft202012Validator(schema)
     errors = sorted(validator.iter_errors(params), key=lambda e: list(e.absolute_path))
     if errors:
-        err = errors[0]
-        more = f" (and {len(errors) - 1} more problems)" if len(errors) > 1 else ""
-        raise ConfigError(
-            f"{source}: key '{_key_path(err)}' has value {err.instance!r}: {err.message}. "
-            f"Expected: {_expected(err)}.{more}"
-        )
+        raise ConfigError(schema_error_message(errors[0], source, len(errors) - 1, schema))
     params = copy.deepcopy(params)
     _fill_defaults(params, schema, schema)
     _cross_check(params, source)
     return params
 
 
-def _expected(err) -> str:
-    schema = err.schema if isinstance(err.schema, dict) else {}
-    for key in ("enum", "type", "pattern", "minimum", "maximum", "exclusiveMinimum"):
-        if key in schema:
-            return f"{key} {schema[key]!r}"
-    if err.validator == "required":
-        return f"the keys {err.validator_value!r}"
+_TYPE_WORDS = {"integer": "a whole number", "number": "a number", "string": "a string",
+               "boolean": "true or false", "array": "a list", "object": "a mapping", "null": "null"}
+
+
+def schema_error_message(err, source: str, others: int = 0, root: dict | None = None) -> str:
+    """One line naming the file, the key, the value, the rule it breaks and what would pass
+    ("must be greater than 0", not the first keyword of the property's schema)."""
+    key = _key_path(err)
+    more = f" (and {others} more problems)" if others else ""
     if err.validator in ("additionalProperties", "unevaluatedProperties"):
-        allowed = sorted(schema.get("properties", {}))
-        return f"only the keys {allowed}" if allowed else "no extra keys"
-    return f"{err.validator} {err.validator_value!r}"
+        allowed = sorted(_property_names(err.schema, root or load_schema()))
+        unknown = sorted(set(err.instance) - set(allowed))
+        return (f"{source}: key '{key}' has unknown keys {unknown}: they are not settings of the "
+                f"pipeline (a typo?). Expected only the keys {allowed}.{more}")
+    if err.validator == "required":
+        missing = [k for k in err.validator_value if k not in err.instance]
+        return (f"{source}: key '{key}' is missing the required keys {missing}. "
+                f"Expected: add them (see the schema, {SCHEMA_PATH.name}).{more}")
+    shown = repr(err.instance)
+    shown = shown if len(shown) <= 200 else shown[:200] + "..."
+    return (f"{source}: key '{key}' has value {shown}, which breaks the rule: "
+            f"{_rule(err.validator, err.validator_value)}. "
+            f"Expected: {_describe(err.schema)}.{more}")
+
+
+def _property_names(schema, root: dict) -> set[str]:
+    """Keys an object schema names, through $ref chains (what unevaluatedProperties allows)."""
+    if not isinstance(schema, dict):
+        return set()
+    names = set(schema.get("properties", {}))
+    if "$ref" in schema:
+        target = root
+        for part in schema["$ref"].split("/")[1:]:
+            target = target[part]
+        names |= _property_names(target, root)
+    return names
+
+
+def _rule(keyword: str, value) -> str:
+    rules = {
+        "exclusiveMinimum": f"must be greater than {value}",
+        "minimum": f"must be at least {value}",
+        "exclusiveMaximum": f"must be less than {value}",
+        "maximum": f"must be at most {value}",
+        "enum": f"must be one of {value}",
+        "pattern": f"must match the pattern {value}",
+        "minItems": f"must have at least {value} items",
+        "maxItems": f"must have at most {value} items",
+        "minLength": f"must have at least {value} characters",
+        "minProperties": f"must have at least {value} entries",
+        "uniqueItems": "must not repeat an item",
+    }
+    if keyword == "type":
+        kinds = value if isinstance(value, list) else [value]
+        return "must be " + " or ".join(_TYPE_WORDS.get(k, k) for k in kinds)
+    return rules.get(keyword, f"must satisfy {keyword} {value!r}")
+
+
+def _describe(schema) -> str:
+    """What a property's schema accepts, in words: type, bounds, choices, pattern."""
+    if not isinstance(schema, dict):
+        return "a valid value"
+    parts = []
+    if "enum" in schema:
+        parts.append(f"one of {schema['enum']}")
+    elif "type" in schema:
+        parts.append(_rule("type", schema["type"])[len("must be "):])
+    bounds = [("minimum", ">="), ("exclusiveMinimum", ">"), ("maximum", "<="),
+              ("exclusiveMaximum", "<")]
+    parts += [f"{sign} {schema[k]}" for k, sign in bounds if k in schema]
+    if "pattern" in schema:
+        parts.append(f"matching {schema['pattern']}")
+    if "description" in schema:
+        parts.append(f"({schema['description']})")
+    return " ".join(parts) if parts else "a valid value (see the schema)"
 
 
 def _cross_check(params: dict, source: str) -> None:
@@ -118,6 +178,8 @@ def _cross_check(params: dict, source: str) -> None:
                 f"{source}: key 'sft.overrides.{scale}' is missing. Expected an entry for every "
                 "scale ({} for no overrides), so each runner tracks exactly its own settings."
             )
+    _check_evaluate(params, source)
+    _check_rl(params, source)
     _check_tolerances(params, source)
     shards = params["verify"]["shards"]
     expected = [f"{i}-of-{len(shards)}" for i in range(1, len(shards) + 1)]
@@ -143,6 +205,30 @@ def _tolerance_keys(node, path: str = ""):
                 yield where, value
             else:
                 yield from _tolerance_keys(value, where)
+
+
+def _check_evaluate(params: dict, source: str) -> None:
+    """evaluate.overrides and baselines are keyed by scale, an entry for every scale; the
+    profiles evaluation reports exist; baseline names are unique per scale."""
+    if "evaluate" not in params:
+        return
+    scales = sorted(params["scales"])
+    for key, table in (("evaluate.overrides", params["evaluate"]["overrides"]),
+                       ("baselines", params.get("baselines", {}))):
+        if sorted(table) != scales:
+            raise ConfigError(
+                f"{source}: key '{key}' has entries for {sorted(table)}. Expected exactly one per "
+                f"scale {scales} ({{}} or [] for none), so each scale tracks only its own.")
+    for scale, entries in params.get("baselines", {}).items():
+        names = [e["name"] for e in entries]
+        if "model" in names or len(set(names)) != len(names):
+            raise ConfigError(f"{source}: key 'baselines.{scale}' has names {names}. Expected "
+                              "unique names other than 'model' (the scale's own model).")
+    for name in params["evaluate"]["profiles"]:
+        if name not in params["tolerance_profiles"]:
+            raise ConfigError(f"{source}: key 'evaluate.profiles' names {name!r}, which is not "
+                              f"under 'tolerance_profiles'. Expected one of "
+                              f"{sorted(params['tolerance_profiles'])}.")
 
 
 def _check_tolerances(params: dict, source: str) -> None:
@@ -215,6 +301,43 @@ def corpus_spec(params: dict, corpus: str) -> dict:
     return params["corpora"][corpus]
 
 
+RL_STAGES = ("rl_infill", "rl_e2e")
+
+
+def _check_rl(params: dict, source: str) -> None:
+    """Every scale has an rl.overrides entry and names no unknown scale; the RL tolerance
+    profile exists."""
+    section = params.get("rl")
+    if section is None:
+        return
+    overrides = section["overrides"]
+    for scale in sorted(set(overrides) ^ set(params["scales"])):
+        missing = scale not in overrides
+        raise ConfigError(
+            f"{source}: key 'rl.overrides.{scale}' "
+            + ("is missing. Expected an entry for every scale ({} for no overrides)."
+               if missing else f"names no scale. Expected one of {sorted(params['scales'])}.")
+        )
+    for where in ["defaults", *[f"stages.{s}" for s in RL_STAGES], *[f"overrides.{s}" for s in overrides]]:
+        node = lookup(section, where) or {}
+        name = node.get("tolerance")
+        if name is not None and name not in params.get("tolerance_profiles", {}):
+            raise ConfigError(f"{source}: key 'rl.{where}.tolerance' is {name!r}, not a profile under "
+                              f"'tolerance_profiles'. Expected one of {sorted(params['tolerance_profiles'])}.")
+
+
+def rl_settings(params: dict, stage: str, scale: str) -> dict:
+    """rl.defaults, then rl.stages.<stage>, then rl.overrides.<scale>; plus `stage`."""
+    if stage not in RL_STAGES:
+        raise ConfigError(f"unknown RL stage {stage!r}. Expected one of {RL_STAGES}.")
+    section = params["rl"]
+    settings = {**schema_defaults("rl", "defaults"), **section["defaults"]}
+    settings.update(section["stages"][stage])
+    settings.update(section["overrides"].get(scale) or {})
+    settings["stage"] = stage
+    return settings
+
+
 def sft_settings(params: dict, scale: str) -> dict:
     """The sft section with the scale's overrides applied."""
     settings = dict(params["sft"]["defaults"])
@@ -245,19 +368,22 @@ def lookup(params: dict, dotted: str):
     return value
 
 
-# Sections whose entries are named by scale.
-SCALE_KEYED_SECTIONS = {("scales",), ("sft", "overrides")}
+def schema_defaults(*path: str) -> dict:
+    """The defaults the schema gives the object at `path` (property names from the top), e.g.
+    schema_defaults("sft", "defaults"): code that needs a default asks here, never hard-codes one."""
+    root = load_schema()
+    node = root
+    for name in path:
+        node = _resolve(node, root)["properties"][name]
+    out: dict = {}
+    _fill_defaults(out, node, root)
+    return out
 
 
-def dvc_trackable_key(params: dict, dotted: str) -> str:
-    """The key dvc.yaml lists for a key Snakemake tracks. DVC addresses params by dotted path
-    and cannot address a name containing a dot (the scale `1.7b`); since one foreach template
-    serves every scale, per-scale entries are tracked through their parent (`scales`,
-    `sft.overrides`) whenever any scale name has a dot. A superset: DVC may re-run a little more."""
-    parts = split_key(params, dotted)
-    dotted_scales = any("." in name for name in params["scales"])
-    for i, part in enumerate(parts):
-        scale_keyed = tuple(parts[:i]) in SCALE_KEYED_SECTIONS
-        if "." in part or (dotted_scales and scale_keyed):
-            return ".".join(parts[:i])
-    return dotted
+def _resolve(node: dict, root: dict) -> dict:
+    while "$ref" in node and "properties" not in node:
+        target = root
+        for part in node["$ref"].split("/")[1:]:
+            target = target[part]
+        node = target
+    return node

@@ -3,7 +3,7 @@ rule assemble:
         samples="data/ingest/{corpus}/samples.parquet",
         measurements="data/verify/{corpus}/measurements.parquet",
         structural="data/augment/{corpus}/structural.parquet",
-        code=code("stages/assemble.py", "data"),
+        code=code("stages/assemble.py"),
     output:
         sft="data/cuke/{corpus}/sft.parquet",
         rl_infill="data/cuke/{corpus}/rl_infill.parquet",
@@ -15,6 +15,9 @@ rule assemble:
         "logs/assemble/{corpus}.log",
     conda:
         "../../envs/dicepipe.yaml"
+    threads: threads_of("assemble", "corpus")
+    resources:
+        **resources_of("assemble", "corpus"),
     params:
         tracked=tracked("assemble", "verify.decision_thresholds", "tolerance_profiles"),
     shell:

@@ -1,6 +1,6 @@
 rule augment:
     input:
-        code("stages/augment.py", "augment", "harness"),
+        code("stages/augment.py"),
     output:
         structural="data/augment/{corpus}/structural.parquet",
         attempts="data/augment/{corpus}/attempts.parquet",
@@ -9,12 +9,13 @@ rule augment:
         "logs/augment/{corpus}.log",
     conda:
         "../../envs/dicepipe.yaml"
-    threads: workflow.cores
+    threads: threads_of("augment", "corpus")
     resources:
-        gpu=lambda wc: int(corpus_backend(wc.corpus) == "cuda"),
-        mem_mb=8000,
+        **resources_of("augment", "corpus"),
     params:
-        tracked=tracked("corpora.{corpus}", "augment", "harness", "tolerance_profiles"),
+        tracked=tracked(
+            "corpora.{corpus}", "augment", *HARNESS_MEASUREMENT, "tolerance_profiles"
+        ),
     shell:
         "dicepipe augment --corpus {wildcards.corpus} --out data/augment/{wildcards.corpus}"
         " --log {log}"

@@ -6,6 +6,8 @@ from pathlib import Path
 import yaml
 
 import dicepipe.config as dicepipe_config
+from dicepipe.cluster import job_resources
+from dicepipe.deps import harness_param_keys, stage_code
 from snakemake.utils import validate
 
 # Both runners must read the same values: the CLI reads params.yaml itself, so a value set
@@ -19,12 +21,17 @@ for _key, _value in _on_disk.items():
             "params.yaml: change the value there instead of with --config/--configfile."
         )
 
-validate(config, "../schemas/params.schema.yaml")
+# The package's own check first: its message names the key, the value and the rule broken
+# ("must be greater than 0"); then Snakemake's, which fills the schema's defaults into config.
+dicepipe_config.validate_params(config, "params.yaml")
+validate(config, str(dicepipe_config.SCHEMA_PATH))
 
 SCALES = list(config["scales"])
 CORPORA = list(config["corpora"])
 SHARDS = list(config["verify"]["shards"])
-PACKAGE = "workflow/dicepipe"
+# The harness settings that change a measurement or its verdict; the rest (cache folder,
+# build workers, precompiled headers, build timeout) is never tracked.
+HARNESS_MEASUREMENT = harness_param_keys()
 
 
 def lookup_key(dotted, wildcards):
@@ -48,15 +55,30 @@ def tracked(*keys):
     return _params
 
 
-def code(*parts):
-    """The package files a stage runs (DVC lists the same folders/files under deps)."""
-    files = []
-    for part in parts:
-        path = Path(PACKAGE) / part
-        files += (
-            sorted(str(p) for p in path.rglob("*.py")) if path.is_dir() else [str(path)]
-        )
-    return files
+def code(stage_module):
+    """The package files a stage runs: the import closure of dicepipe/stages/<module>.py
+    (dvc.yaml lists folders/files covering the same; tests/test_parity.py checks it)."""
+    return stage_code(Path(stage_module).stem)
+
+
+def resources_of(stage, key):
+    """Resources of one job of `stage`, keyed by the `scale` or `corpus` wildcard: gpu,
+    cpus_per_task, mem_mb, runtime (params.yaml `resources:`, read by dicepipe.cluster).
+    """
+
+    def _get(name):
+        def _value(wildcards):
+            keyed = {key: wildcards[key]}
+            return job_resources(config, stage, **keyed)[name]
+
+        return _value
+
+    return {name: _get(name) for name in ("gpu", "cpus_per_task", "mem_mb", "runtime")}
+
+
+def threads_of(stage, key):
+    """Threads of a job: its cpus (Snakemake scales them down to --cores on one machine)."""
+    return resources_of(stage, key)["cpus_per_task"]
 
 
 def corpus_backend(corpus):
@@ -70,3 +92,25 @@ def scale_corpus(wildcards):
 def source_inputs(wildcards):
     source = config["corpora"][wildcards.corpus]["source"]
     return [] if source["kind"] == "hub" else [source["path"]]
+
+
+BENCHMARKS = list(config["benchmarks"])
+
+
+def benchmark_inputs(wildcards):
+    """The local source of a benchmark (a hub dataset id has none: the stage downloads it)."""
+    spec = config["benchmarks"][wildcards.benchmark]
+    return [] if spec["kind"] == "hub" else [spec["path"]]
+
+
+def scale_benchmark_table(wildcards):
+    return f"data/benchmark/{config['scales'][wildcards.scale]['benchmark']}.parquet"
+
+
+# The checkpoint evaluate@<scale> scores: the last training stage's output. The one place
+# to change it here; dvc.yaml's `vars: eval_model_stage` is the other runner's.
+EVAL_MODEL_STAGE = "rl_e2e"
+
+
+def eval_model_dir(wildcards):
+    return f"models/{EVAL_MODEL_STAGE}/{wildcards.scale}"

@@ -1,7 +1,7 @@
 rule ingest:
     input:
         source_inputs,
-        code("stages/ingest.py", "data"),
+        code("stages/ingest.py"),
     output:
         samples="data/ingest/{corpus}/samples.parquet",
         report="data/ingest/{corpus}/report.json",
@@ -9,8 +9,9 @@ rule ingest:
         "logs/ingest/{corpus}.log",
     conda:
         "../../envs/dicepipe.yaml"
+    threads: threads_of("ingest", "corpus")
     resources:
-        mem_mb=4000,
+        **resources_of("ingest", "corpus"),
     params:
         tracked=tracked("corpora.{corpus}", "ingest"),
     shell:

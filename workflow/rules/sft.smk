@@ -1,7 +1,7 @@
 rule sft:
     input:
         data=lambda wc: f"data/cuke/{scale_corpus(wc)}/sft.parquet",
-        code=code("stages/sft.py", "model", "train"),
+        code=code("stages/sft.py"),
     output:
         model=directory("models/sft/{scale}"),
         summary="metrics/sft/{scale}/summary.json",
@@ -10,13 +10,16 @@ rule sft:
         "logs/sft/{scale}.log",
     conda:
         "../../envs/dicepipe.yaml"
-    threads: workflow.cores
+    threads: threads_of("sft", "scale")
     resources:
-        gpu=lambda wc: int(config["scales"][wc.scale]["backend"] == "cuda"),
-        mem_mb=16000,
+        **resources_of("sft", "scale"),
     params:
         tracked=tracked(
-            "scales.{scale}", "models.{model}", "sft.defaults", "sft.overrides.{scale}"
+            "scales.{scale}.model",
+            "scales.{scale}.gpus",
+            "models.{model}",
+            "sft.defaults",
+            "sft.overrides.{scale}",
         ),
     shell:
         "dicepipe sft --scale {wildcards.scale} --data {input.data} --out {output.model}"

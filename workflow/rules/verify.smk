@@ -5,19 +5,18 @@
 rule verify:
     input:
         samples="data/ingest/{corpus}/samples.parquet",
-        code=code("stages/verify.py", "harness"),
+        code=code("stages/verify.py"),
     output:
         "data/verify/{corpus}/shards/{shard}.parquet",
     log:
         "logs/verify/{corpus}-{shard}.log",
     conda:
         "../../envs/dicepipe.yaml"
-    threads: workflow.cores
+    threads: threads_of("verify", "corpus")
     resources:
-        gpu=lambda wc: int(corpus_backend(wc.corpus) == "cuda"),
-        mem_mb=8000,
+        **resources_of("verify", "corpus"),
     params:
-        tracked=tracked("corpora.{corpus}", "harness", "verify"),
+        tracked=tracked("corpora.{corpus}", *HARNESS_MEASUREMENT, "verify"),
     shell:
         "dicepipe verify --corpus {wildcards.corpus} --samples {input.samples}"
         " --shard {wildcards.shard} --out {output} --log {log}"
@@ -26,13 +25,16 @@ rule verify:
 rule verify_gather:
     input:
         shards=expand("data/verify/{{corpus}}/shards/{shard}.parquet", shard=SHARDS),
-        code=code("stages/verify.py"),
+        code=code("stages/verify_gather.py"),
     output:
         "data/verify/{corpus}/measurements.parquet",
     log:
         "logs/verify_gather/{corpus}.log",
     conda:
         "../../envs/dicepipe.yaml"
+    threads: threads_of("verify_gather", "corpus")
+    resources:
+        **resources_of("verify_gather", "corpus"),
     params:
         tracked=tracked("verify.shards"),
     shell:

@@ -64,10 +64,10 @@ class DraftJournal:
 
 def harness_results_path(work_dir: Path, harness_settings) -> Path:
     """One results file per measuring setup: changed trials or repeats measure afresh, while a
-    changed threshold (or cache folder) reuses the measurements and only re-applies the verdict."""
-    wire = harness_settings.to_wire()
-    for name in ("cache_dir", "devices", "decision_thresholds"):
-        wire.pop(name, None)
+    changed threshold, or a run-only setting (cache folder, build workers, ...: the harness's
+    OPERATIONAL_FIELDS), reuses the measurements and only re-applies the verdict."""
+    wire = harness_settings.measurement_key()
+    wire.pop("decision_thresholds", None)
     digest = hashlib.sha256(json.dumps(wire, sort_keys=True).encode()).hexdigest()[:12]
     return work_dir / f"harness_{digest}.parquet"
 

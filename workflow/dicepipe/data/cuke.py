@@ -33,6 +33,27 @@ def is_solution(measurement: dict | None, robust: bool, profile: ToleranceProfil
     return judge(measurement, profile=profile, robust=robust) == "accepted"
 
 
+def estimate_level(reference_code: str) -> int:
+    """A KernelBench-like level for a reference without one (curriculum ordering only):
+    1 = one operator call in `forward`, 2 = a few (up to 6: a fusion), 3 = more (a model).
+    Counts the calls in every `forward` body; an unparsable program counts as 3."""
+    import ast
+
+    try:
+        tree = ast.parse(reference_code)
+    except (SyntaxError, ValueError):
+        return 3
+    calls = sum(isinstance(node, ast.Call)
+                for fn in ast.walk(tree) if isinstance(fn, ast.FunctionDef) and fn.name == "forward"
+                for node in ast.walk(fn))
+    return 1 if calls <= 1 else 2 if calls <= 6 else 3
+
+
+def sample_level(sample: dict) -> int:
+    """The source's level when it has one, else `estimate_level` of the reference."""
+    return int(sample.get("level") or estimate_level(sample["reference_code"]))
+
+
 def reference_key(reference_code: str) -> str:
     return hashlib.sha256(normalise_code(reference_code).encode()).hexdigest()[:16]
 
@@ -94,7 +115,8 @@ def assemble(samples: list[dict], measurements: dict[str, dict], structural: lis
             continue
         prefix, core, suffix = pieces
         splits["rl_infill"].append({
-            "sample_id": sample["sample_id"], "reference_code": sample["reference_code"],
+            "sample_id": sample["sample_id"], "level": sample_level(sample),
+            "reference_code": sample["reference_code"],
             "candidate_code": sample["candidate_code"], "prefix": prefix, "core": core,
             "suffix": suffix,
             "prompt": prompts.infilling_prompt(sample["reference_code"], prefix, suffix, sample["backend"]),
@@ -106,15 +128,20 @@ def assemble(samples: list[dict], measurements: dict[str, dict], structural: lis
         if key in seen_refs[split]:
             continue
         seen_refs[split].add(key)
-        splits[split].append({
-            "sample_id": sample["sample_id"], "level": int(sample.get("level") or 1),
+        row = {
+            "sample_id": sample["sample_id"], "level": sample_level(sample),
             "reference_code": sample["reference_code"],
             "prompt": prompts.end_to_end_prompt(sample["reference_code"], sample["backend"]),
-        })
+        }
+        if split == "val":  # RL stage 1 selects on infilling prompts of held-out references
+            pieces = split_for_infilling(sample["candidate_code"])
+            row["infill_prompt"] = None if pieces is None else prompts.infilling_prompt(
+                sample["reference_code"], pieces[0], pieces[2], sample["backend"])
+        splits[split].append(row)
     for split in ("rl_e2e", "val"):  # curriculum: single operators first, whole models last
         splits[split].sort(key=lambda r: (r["level"], r["sample_id"]))
-    for split in ("sft", "rl_infill"):
-        splits[split].sort(key=lambda r: r["sample_id"])
+    splits["sft"].sort(key=lambda r: r["sample_id"])
+    splits["rl_infill"].sort(key=lambda r: (r["level"], r["sample_id"]))
     stats = {
         "speedup_threshold": threshold,
         "robust": robust,

@@ -110,6 +110,11 @@ _TASK = {
     ),
 }
 
+# KernelBench programs take float32 and integer tensors (indices, labels, sizes), so the
+# prompt names no dtype: it asks to keep whatever get_inputs() produces.
+_DTYPES = ("Its inputs are the tensors get_inputs() returns, with their dtypes (floating point "
+           "or integer); keep every output's shape and dtype.")
+
 _INSTRUCTION = (
     "Optimise the program above: write a new architecture named ModelNew with the same "
     "constructor arguments and the same outputs, replacing operators with your own custom "
@@ -132,8 +137,9 @@ def end_to_end_prompt(reference_code: str, backend: str) -> str:
         _fence(_EXAMPLE_REFERENCE),
         "and a version with a custom operator:",
         _fence(example),
-        "Now the program to optimise (all tensors are float32):",
+        "Now the program to optimise:",
         _fence(reference_code),
+        _DTYPES,
         _INSTRUCTION.format(lang=lang),
     ])
 
@@ -144,9 +150,10 @@ def infilling_prompt(reference_code: str, prefix: str, suffix: str, backend: str
     lang = "CUDA" if backend == "cuda" else "C++"
     return "\n\n".join([
         _TASK[backend],
-        "The program to optimise (all tensors are float32):",
+        "The program to optimise:",
         _fence(reference_code),
-        f"A solution file has been started. Its beginning is:",
+        _DTYPES,
+        "A solution file has been started. Its beginning is:",
         _fence(prefix),
         "and its end is:",
         _fence(suffix),

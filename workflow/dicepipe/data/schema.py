@@ -33,6 +33,9 @@ BENCHMARK_SCHEMA = pa.schema(
         pa.field("problem_id", pa.int32(), nullable=False),
         pa.field("name", pa.string(), nullable=False),
         pa.field("reference_code", pa.string(), nullable=False),
+        # the benchmark's version as params.yaml names it (a KernelBench commit, a dataset
+        # revision), the same in every row
+        pa.field("version", pa.string(), nullable=False),
     ]
 )
 
@@ -50,6 +53,8 @@ SFT_SCHEMA = pa.schema(
 RL_INFILL_SCHEMA = pa.schema(
     [
         pa.field("sample_id", pa.string(), nullable=False),
+        # curriculum: the source's level, else data/cuke.estimate_level of the reference
+        pa.field("level", pa.int32(), nullable=False),
         pa.field("reference_code", pa.string(), nullable=False),
         pa.field("candidate_code", pa.string(), nullable=False),
         pa.field("prefix", pa.string(), nullable=False),
@@ -68,7 +73,10 @@ RL_E2E_SCHEMA = pa.schema(
     ]
 )
 
-VAL_SCHEMA = RL_E2E_SCHEMA
+# Held-out references for RL model selection: the end-to-end prompt (stage 2) and the
+# infilling prompt of the held-out solution (stage 1; null when it has no kernel-source
+# assignment to cut out).
+VAL_SCHEMA = pa.schema([*RL_E2E_SCHEMA, pa.field("infill_prompt", pa.string())])
 
 
 def check_table(table: pa.Table, schema: pa.Schema, path: str | Path) -> pa.Table:

@@ -1,12 +1,13 @@
 """The kernel execution harness: sandboxed, cached, low-noise, hard to fool.
 
-    from dicepipe.harness import Job, HarnessSettings, evaluate, RESULT_SCHEMA
+    from dicepipe.harness import Job, HarnessSettings, HarnessSession, evaluate, RESULT_SCHEMA
 
 `evaluate(jobs, settings, results_path=None, progress=True)` returns one RESULT_SCHEMA row per
-job. See orchestrator.py for the flow, and the modules it names for each part.
+job; `HarnessSession(settings)` does the same for many calls with its workers kept warm
+(session.py). See orchestrator.py for the flow, and the modules it names for each part.
 """
 
-from .orchestrator import evaluate
+from .session import HarnessSession, evaluate
 from .results import DYNAMIC_FLAGS, FLAG_COLUMNS, RESULT_SCHEMA, STATIC_FLAGS
 from .settings import HarnessSettings, Job
 
@@ -15,6 +16,7 @@ __all__ = [
            "FLAG_COLUMNS",
            "RESULT_SCHEMA",
            "STATIC_FLAGS",
+           "HarnessSession",
            "HarnessSettings",
            "Job",
            "evaluate",

@@ -126,10 +126,14 @@ def _cpu_flags_digest() -> str:
 
 def local_cuda_arch() -> str | None:
     """The visible GPUs' compute capabilities ("9.0" or "8.0;9.0") without a CUDA context here."""
+    from .gpus import ENV, nvidia_smi_selector
+
     exe = shutil.which("nvidia-smi")
-    if exe:
+    selector = nvidia_smi_selector(os.environ.get(ENV))  # only the GPUs this process may use
+    if exe and selector is not None:
         try:
-            out = subprocess.run([exe, "--query-gpu=compute_cap", "--format=csv,noheader"],
+            out = subprocess.run([exe, *selector, "--query-gpu=compute_cap",
+                                  "--format=csv,noheader"],
                                  capture_output=True, text=True, timeout=60).stdout
             caps = sorted({line.strip() for line in out.splitlines() if re.match(r"^\d+\.\d+$",
                                                                                   line.strip())})

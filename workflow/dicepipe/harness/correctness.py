@@ -3,10 +3,15 @@
 Inputs come from the reference's own `get_inputs()` under a per-trial seed, then one of
 several distributions is applied to its floating-point tensors (as drawn, negated, centred
 and widened, shifted and scaled, standard normal), so a kernel right only on [0, 1) inputs
-(ReLU as identity, say) fails. A distribution under which the reference itself produces
-non-finite values or raises is not informative for that task and falls back to as-drawn.
-Values pass as in `torch.allclose` (|c - r| <= atol + rtol * |r|), with atol scaled by the
-output's largest magnitude where that exceeds 1; shape and dtype must match; NaN never passes.
+(ReLU as identity, say) fails. The reference sees each variant first; one under which it
+raises or produces non-finite values is not a valid input of the task (index tensors made
+negative, say), and the candidate never sees it (as-drawn inputs are used instead).
+
+Comparison is tolerance as data: `tolerance_needed` is the smallest t such that
+|c - r| <= t * s + t * |r| holds everywhere, with s = max(1, max |r|) (atol = rtol = t as in
+`torch.allclose`, atol scaled by the output's largest magnitude once that passes 1). It is 0
+for identical outputs and +inf for a shape, dtype or count mismatch, a non-finite candidate
+value, or any difference in a non-floating output (those compare exactly).
 """
 
 from __future__ import annotations
@@ -96,52 +101,69 @@ def all_finite(obj) -> bool:
     return True
 
 
-def compare(ref, cand, tol: dict) -> tuple[bool, float, str]:
-    """(equal within tolerance, max abs error, reason if not). NaN never passes."""
+def output_precision(ref) -> str:
+    """"fp32" if any output is fp32/fp64 (or complex), "low_precision" if every floating
+    output is fp16/bf16, "exact" if no output is floating (compared exactly)."""
+    items = flatten(ref)
+    floating = [x.dtype for x in items
+                if isinstance(x, torch.Tensor) and (x.is_floating_point() or x.is_complex())]
+    floating += [torch.float64 for x in items if isinstance(x, float)]
+    if not floating:
+        return "exact"
+    return "low_precision" if all(d in LOW_PRECISION for d in floating) else "fp32"
+
+
+def tensor_tolerance(r: torch.Tensor, c: torch.Tensor) -> tuple[float, float]:
+    """(tolerance needed, max abs error) for two tensors of equal shape and dtype."""
+    if r.numel() == 0:
+        return 0.0, 0.0
+    if not r.is_floating_point() and not r.is_complex():
+        equal = bool(torch.equal(r, c))
+        return (0.0, 0.0) if equal else (math.inf, math.inf)
+    work = torch.float64 if r.dtype in (torch.float64, torch.complex128) else torch.float32
+    if r.is_complex():
+        rw, cw = torch.view_as_real(r).to(work), torch.view_as_real(c).to(work)
+    else:
+        rw, cw = r.to(work), c.to(work)
+    if not torch.isfinite(cw).all():
+        return math.inf, math.inf
+    diff = (rw - cw).abs()
+    err = float(diff.max())
+    if math.isnan(err):  # a non-finite reference value: NaN never passes
+        return math.inf, math.inf
+    # atol is relative to the output's range once that passes 1: on mixed-sign inputs a
+    # right fp32 reduction leaves near-zero sums with errors of eps * (sum of |terms|)
+    scale = max(1.0, float(rw.abs().max()))
+    needed = float((diff / (scale + rw.abs())).max())
+    return needed, err
+
+
+def compare(ref, cand) -> tuple[float, float, str]:
+    """(tolerance needed, max abs error, what differs most; "" when identical)."""
     ref_items, cand_items = flatten(ref), flatten(cand)
     if len(ref_items) != len(cand_items):
-        return False, math.inf, f"{len(cand_items)} outputs, expected {len(ref_items)}"
-    worst = 0.0
+        return math.inf, math.inf, f"{len(cand_items)} outputs, expected {len(ref_items)}"
+    worst_t, worst_err, reason = 0.0, 0.0, ""
     for i, (r, c) in enumerate(zip(ref_items, cand_items)):
         if isinstance(r, torch.Tensor):
             if not isinstance(c, torch.Tensor):
-                return False, math.inf, f"output {i}: {type(c).__name__}, expected a tensor"
+                return math.inf, math.inf, f"output {i}: {type(c).__name__}, expected a tensor"
             if tuple(c.shape) != tuple(r.shape):
-                return (False, math.inf,
+                return (math.inf, math.inf,
                         f"output {i}: shape {tuple(c.shape)}, expected {tuple(r.shape)}")
             if c.dtype != r.dtype:
-                return False, math.inf, f"output {i}: dtype {c.dtype}, expected {r.dtype}"
-            ok, err = _close(r, c.to(r.device), tol)
-        elif isinstance(r, (int, float, bool)) and isinstance(c, (int, float, bool)):
-            ok, err = _close(torch.tensor(float(r)), torch.tensor(float(c)), tol)
-        else:
-            ok, err = (r == c), (0.0 if r == c else math.inf)
-        worst = max(worst, err)
-        if not ok:
-            return False, worst, f"output {i}: values differ (max abs error {err:.3g})"
-    return True, worst, ""
-
-
-def _close(r: torch.Tensor, c: torch.Tensor, tol: dict) -> tuple[bool, float]:
-    if r.numel() == 0:
-        return True, 0.0
-    if not r.is_floating_point() and not r.is_complex():
-        equal = bool(torch.equal(r, c))
-        return equal, 0.0 if equal else math.inf
-    low = r.dtype in LOW_PRECISION
-    atol = tol["atol_low_precision"] if low else tol["atol"]
-    rtol = tol["rtol_low_precision"] if low else tol["rtol"]
-    work = torch.float64 if r.dtype == torch.float64 else torch.float32
-    rw, cw = r.to(work), c.to(work)
-    if not torch.isfinite(cw).all():
-        return False, math.inf
-    diff = (rw - cw).abs()
-    err = float(diff.max())
-    # atol is relative to the output's range once that passes 1: on mixed-sign inputs a
-    # right fp32 reduction leaves near-zero sums with errors of eps * (sum of |terms|)
-    atol = atol * max(1.0, float(rw.abs().max()))
-    ok = bool((diff <= atol + rtol * rw.abs()).all())
-    return ok, err
+                return math.inf, math.inf, f"output {i}: dtype {c.dtype}, expected {r.dtype}"
+            t, err = tensor_tolerance(r, c.to(r.device))
+        elif isinstance(r, float) and isinstance(c, (int, float)) and not isinstance(c, bool):
+            t, err = tensor_tolerance(torch.tensor(r, dtype=torch.float64),
+                                      torch.tensor(float(c), dtype=torch.float64))
+        else:  # ints, bools and anything else: exactly
+            same = type(r) is type(c) and r == c
+            t, err = (0.0, 0.0) if same else (math.inf, math.inf)
+        if t > worst_t:
+            reason = f"output {i}: values differ (max abs error {err:.3g}, tolerance needed {t:.3g})"
+        worst_t, worst_err = max(worst_t, t), max(worst_err, err)
+    return worst_t, worst_err, reason
 
 
 def _span(t: torch.Tensor) -> tuple[int, int]:
@@ -175,17 +197,81 @@ def same_values(a, b) -> bool:
     return True
 
 
-def max_relative_change(a, b) -> float:
-    """How far the reference's outputs moved between two input sets (0 = not at all)."""
-    worst = 0.0
-    for x, y in zip(tensors(a), tensors(b)):
-        if x.shape != y.shape or not x.is_floating_point():
-            return 1.0
-        xf, yf = x.float(), y.float()
+def outputs_changed(a, b, threshold: float = 1e-5) -> bool:
+    """Whether the reference's outputs moved between two input sets. Floating tensors move
+    when their largest change passes `threshold` of their magnitude; every other output
+    (bool, int, index tensors, Python values) moves when it is not exactly equal."""
+    items_a, items_b = flatten(a), flatten(b)
+    if len(items_a) != len(items_b):
+        return True
+    for x, y in zip(items_a, items_b):
+        if isinstance(x, torch.Tensor) != isinstance(y, torch.Tensor):
+            return True
+        if not isinstance(x, torch.Tensor):
+            if x != y:
+                return True
+            continue
+        if x.shape != y.shape or x.dtype != y.dtype:
+            return True
+        if x.numel() == 0:
+            continue
+        if not (x.is_floating_point() or x.is_complex()):
+            if not torch.equal(x, y.to(x.device)):
+                return True
+            continue
+        xf = x.to(torch.complex128 if x.is_complex() else torch.float64)
+        yf = y.to(xf.dtype).to(x.device)
         scale = float(xf.abs().max()) + float(yf.abs().max()) + 1e-30
-        worst = max(worst, float((xf - yf).abs().max()) / scale)
-    return worst
+        if not float((xf - yf).abs().max()) / scale <= threshold:  # NaN counts as moved
+            return True
+    return False
 
 
 def input_bytes(inputs: list) -> int:
     return sum(t.numel() * t.element_size() for t in tensors(inputs))
+
+
+class _DeviceBytes:
+    """A byte range of device memory as an array interface (a view, no allocation)."""
+
+    def __init__(self, address: int, size: int):
+        self.__cuda_array_interface__ = {"shape": (size,), "typestr": "|u1",
+                                         "data": (address, False), "version": 3}
+
+
+def scrub_free_memory(device: str) -> None:
+    """Overwrite what freed tensors left behind, so a candidate that allocates an output and
+    never writes it cannot find the reference's result (or an intermediate equal to it).
+
+    cuda: every free block the caching allocator holds is filled with 0xFF bytes (NaN as a
+    float, -1 as an integer) through a view of its address. cpu: glibc's `malloc_trim`
+    gives the whole pages of free chunks back to the kernel (they read as zeros when next
+    handed out); large tensors are unmapped when freed anyway.
+    """
+    if device == "cuda":
+        for segment in torch.cuda.memory_snapshot():
+            for block in segment.get("blocks", ()):
+                if block.get("state") == "inactive" and block.get("size", 0) > 0:
+                    view = torch.as_tensor(_DeviceBytes(block["address"], block["size"]),
+                                           device="cuda")
+                    view.fill_(0xFF)
+                    del view
+        torch.cuda.synchronize()
+        return
+    trim = _malloc_trim()
+    if trim is not None:
+        trim(0)
+
+
+_TRIM: list = []
+
+
+def _malloc_trim():
+    if not _TRIM:
+        try:
+            import ctypes
+
+            _TRIM.append(ctypes.CDLL("libc.so.6").malloc_trim)
+        except (OSError, AttributeError):
+            _TRIM.append(None)
+    return _TRIM[0]

@@ -1,6 +1,22 @@
-"""The timing phase of a device job: input sets, repeats, the repeat rule, extension calls."""
+"""The timing phase of a device job: input slots, output checks, repeats, extension calls.
+
+Honest timing inputs: a candidate that serves its output from a cache (keyed by the input's
+address, or by a few of its values) would time near zero if timed calls reused the same
+input. So each repeat times on several input slots (distinct buffers, 2..8 as memory allows),
+used in turn, and every reuse of a slot first redraws its values in place from a fresh seed
+(through the task's own `get_inputs`, so they stay valid inputs): no call ever sees values
+an earlier call saw, and a buffer's address says nothing about its contents. A sample of the
+timed candidate calls is checked against the reference's output for the same values
+(computed first, on a copy, under the same seed; the reference's timed output is kept alive
+and, on cuda, the free memory scrubbed before the candidate's call), so a cached output is
+caught in the plain verdict, not only by a flag. The reference is timed on the same slots,
+so the comparison stays fair.
+"""
 
 from __future__ import annotations
+
+import math
+import random
 
 import torch
 
@@ -10,16 +26,115 @@ from .stats import run_repeats
 from .timing import Clock, measure_graphs, measure_interleaved, measure_kernelbench_style
 
 MAX_INPUT_SETS = 8
+MIN_INPUT_SETS = 2
+CHECK_EVERY = 8  # about one timed candidate call in this many is checked (at least 2)
+MIN_CHECKS = 2
+# What a row's timing columns read when timing is dropped (and before it ran).
+TIMING_COLUMNS = {
+    "ref_runtime_ms": list, "cand_runtime_ms": list, "ref_runtime_iqr_ms": list,
+    "cand_runtime_iqr_ms": list, "speedup_repeats": list, "speedup_low_repeats": list,
+    "speedup_high_repeats": list, "speedup_median": None, "speedup_low": None,
+    "speedup_high": None, "num_repeats": 0, "timing_mode": None, "kb_speedup": None,
+    "launch_bound": False,
+}
 
 
-def _num_input_sets(sample: list, device: str, settings: dict) -> int:
-    """As many distinct input sets as fit in a quarter of the free memory, 2..8."""
-    per_set = max(C.input_bytes(sample), 1)
-    if device == "cuda":
-        free, _total = torch.cuda.mem_get_info()
-    else:
-        free = settings["memory_limit_mb"] * 2**20
-    return int(max(1, min(MAX_INPUT_SETS, (free // 4) // per_set)))
+def num_input_sets(per_set_bytes: int, free_bytes: int) -> int:
+    """As many input slots as fit in a quarter of the free memory, MIN..MAX (pure).
+
+    A slot costs its inputs plus, while it is checked, a copy and the reference's output:
+    counted as three times the input bytes. Fewer than MIN_INPUT_SETS would let a cache
+    keyed by address see the same buffer every call, so MIN is kept even past the budget.
+    """
+    per_slot = 3 * max(int(per_set_bytes), 1)
+    return int(max(MIN_INPUT_SETS, min(MAX_INPUT_SETS, (free_bytes // 4) // per_slot)))
+
+
+def checked_calls(first_call: int, trials: int, slots: int, seed: int) -> set[int]:
+    """Which timed calls (numbered from 0 with the warm-up) get their output checked: a
+    seeded sample of those that reuse a slot (where a cache by address would answer)."""
+    eligible = [c for c in range(first_call, first_call + trials) if c >= slots]
+    if not eligible:
+        eligible = list(range(first_call, first_call + trials))
+    count = min(len(eligible), max(MIN_CHECKS, math.ceil(trials / CHECK_EVERY)))
+    return set(random.Random(seed).sample(eligible, count))
+
+
+def _refill(dst, src) -> bool:
+    """Copy src's values into dst's tensors in place; False where the structure differs."""
+    if isinstance(dst, torch.Tensor):
+        if not isinstance(src, torch.Tensor) or src.shape != dst.shape or src.dtype != dst.dtype:
+            return False
+        dst.copy_(src)
+        return True
+    if isinstance(dst, (list, tuple)):
+        return (isinstance(src, (list, tuple)) and len(src) == len(dst)
+                and all(_refill(d, s) for d, s in zip(dst, src)))
+    return dst == src
+
+
+class RotatingInputs:
+    """Input slots used in turn; each reuse redraws the slot's values in place."""
+
+    def __init__(self, get_inputs, seed: int, count: int, device: str):
+        self.get_inputs, self.seed, self.device = get_inputs, seed, device
+        self.slots = [C.draw_inputs(get_inputs, seed + k, device) for k in range(count)]
+        self.calls = 0
+
+    def slot_of(self, call: int) -> int:
+        return call % len(self.slots)
+
+    def next(self) -> tuple[int, list]:
+        call = self.calls
+        self.calls += 1
+        k = self.slot_of(call)
+        if call >= len(self.slots):
+            fresh = C.draw_inputs(self.get_inputs, self.seed + call, self.device)
+            if not _refill(self.slots[k], fresh):  # a task that draws varying shapes
+                self.slots[k] = fresh
+            del fresh
+        return call, self.slots[k]
+
+
+class OutputCheck:
+    """Compares chosen timed candidate outputs with the reference's for the same values."""
+
+    def __init__(self, ref_model, device: str, calls: set[int], seed: int):
+        self.ref_model, self.device, self.calls, self.seed = ref_model, device, calls, seed
+        self.expected = None
+        self.worst = 0.0
+        self.reason = ""
+        self.checked = 0
+
+    def wants(self, call: int) -> bool:
+        return call in self.calls
+
+    def _call_seed(self, call: int) -> int:
+        return self.seed * 7 + 3 + call
+
+    def expect(self, call: int, args) -> None:
+        copy = C.clone_args(args)
+        torch.manual_seed(self._call_seed(call))
+        self.expected = self.ref_model(*copy)
+        del copy
+
+    def before_candidate(self, call: int) -> None:
+        # The reference's output of this trial is kept alive; its freed intermediates are
+        # scrubbed on cuda (a fill: no cost carried into the timed call). Not on cpu, where
+        # the scrub hands pages back to the kernel and the candidate's next allocations
+        # would pay page faults inside its timed call.
+        if self.device == "cuda":
+            C.scrub_free_memory(self.device)
+        torch.manual_seed(self._call_seed(call))
+
+    def candidate_output(self, call: int, out) -> None:
+        if self.device == "cuda":
+            torch.cuda.synchronize()
+        needed, _err, reason = C.compare(self.expected, out)
+        self.checked += 1
+        if needed > self.worst:
+            self.worst, self.reason = needed, f"timed call {call}: {reason}"
+        self.expected = None
 
 
 class _CountedCalls:
@@ -44,33 +159,44 @@ class _CountedCalls:
         return out
 
 
+def _free_bytes(device: str, settings: dict) -> int:
+    if device == "cuda":
+        free, _total = torch.cuda.mem_get_info()
+        return int(free)
+    return int(settings["memory_limit_mb"]) * 2**20
+
+
 def run_timing(get_inputs, ref_model, cand_model, seed: int, settings: dict, device: str,
                counter, ctx) -> dict:
-    clock = Clock(device, settings.get("cpu_clock", "wall"))
+    clock = Clock(device, settings["cpu_clock"])
     trials = settings["timing_trials_cpu" if device == "cpu" else "timing_trials"]
+    warmup = settings["warmup_trials"]
     sample = C.draw_inputs(get_inputs, seed + 90_000, device)
-    n_sets = _num_input_sets(sample, device, settings)
+    n_sets = num_input_sets(C.input_bytes(sample), _free_bytes(device, settings))
     del sample
     cand = _CountedCalls(cand_model, counter)
     ref = _CountedCalls(ref_model, CallCounter())
     mode = {"value": "eager"}
+    checks: list[OutputCheck] = []
 
     def measure(repeat: int):
         ctx.phase(f"timing:{repeat + 1}", settings["run_timeout_s"])
         base = seed + 100_000 + 1_000 * repeat
-        sets = [C.draw_inputs(get_inputs, base + k, device) for k in range(n_sets)]
+        inputs = RotatingInputs(get_inputs, base, n_sets, device)
+        check = OutputCheck(ref_model, device, checked_calls(warmup, trials, n_sets, base), base)
+        checks.append(check)
         with torch.no_grad():
             if device == "cuda" and settings["cuda_graphs"]:
                 before = counter.calls
-                timed = measure_graphs(ref_model, cand_model, sets, settings["warmup_trials"],
-                                       trials, clock, base)
+                timed = measure_graphs(ref_model, cand_model, inputs, warmup, trials, clock,
+                                       base, check)
                 if timed is not None:
                     mode["value"] = "cuda_graphs"
                     if counter.calls == before:
                         cand.without_extension += 1
                     return timed
-            return measure_interleaved(ref, cand, sets, settings["warmup_trials"],
-                                       trials, clock, base)
+                inputs = RotatingInputs(get_inputs, base, n_sets, device)  # calls restart
+            return measure_interleaved(ref, cand, inputs, warmup, trials, clock, base, check)
 
     noise_floor = settings["timing_noise_floor_cpu" if device == "cpu" else "timing_noise_floor"]
     records, pooled = run_repeats(measure, settings["repeats"], settings["decision_thresholds"],
@@ -89,10 +215,13 @@ def run_timing(get_inputs, ref_model, cand_model, seed: int, settings: dict, dev
         "num_repeats": len(records),
         "timing_mode": mode["value"],
         "flag_ext_not_called": cand.without_extension > 0 or counter.modules == 0,
+        "timed_outputs_checked": sum(c.checked for c in checks),
     }
+    worst = max(checks, key=lambda c: c.worst)
+    out["timed_tolerance_needed"], out["timed_check_reason"] = worst.worst, worst.reason
     ref_medians = sorted(out["ref_runtime_ms"])
     out["launch_bound"] = ref_medians[len(ref_medians) // 2] < settings["launch_bound_floor_ms"]
-    if settings.get("kernelbench_timing"):
+    if settings.get("kernelbench_timing") and worst.worst <= settings["max_tolerance"]:
         ctx.phase("timing:kernelbench", settings["run_timeout_s"])
         args = C.draw_inputs(get_inputs, seed + 80_000, device)
         ref_mean = measure_kernelbench_style(ref_model, args, clock)

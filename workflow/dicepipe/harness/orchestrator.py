@@ -1,4 +1,4 @@
-"""`evaluate`: the harness's one public entry, and the batch that runs it.
+"""The machinery a harness session keeps warm: workers, services, and one call's run.
 
 Work flows in two stages. Preparation (threads, one job each): static checks, extraction of
 the job's `load_inline` specs in an extractor worker, then its builds in builder workers,
@@ -6,7 +6,9 @@ all on CPU cores and never on the GPU. Device work (one thread per device worker
 per GPU, or one for the CPU): correctness and timing. On cuda a job reaches its GPU as soon
 as its builds are done, so builds run ahead of and alongside device work; on cpu, device
 work waits until every build is done, so compilers never share the cores being timed.
-Rows are handed to the result store as they finish (append + fsync), in completion order.
+Rows go to the caller as they finish, in completion order. After every device job the worker
+is checked (hygiene.py) and replaced if the job left memory behind or broke its context.
+The public entry points, `HarnessSession` and `evaluate`, are in session.py.
 """
 
 from __future__ import annotations
@@ -20,67 +22,63 @@ import tempfile
 import threading
 import time
 import traceback
-from collections.abc import Iterable
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 
-import pyarrow as pa
-
 from ..errors import HarnessError
+from . import hygiene
 from .buildspec import normalize_spec, spec_key, toolchain_fingerprint
 from .compile_steps import SLOTS_ENV
+from .gpus import ENV as VISIBLE_ENV
+from .gpus import visible_count, worker_device_ids
 from .pools import BuildService, ExtractService, WorkerPool
-from .results import ResultStore, rows_to_table
 from .rows import Prepared, account_builds, device_row, prepared_failure, scrub_paths
 from .settings import HarnessSettings, Job
 from .static_checks import static_flags
 from .workerproc import WorkerProcess
 
 log = logging.getLogger(__name__)
-FLUSH_EVERY_S = 60.0
 MAX_START_FAILURES = 3
+PROGRESS_REFRESH_S = 1.0
+ROOT_PREFIX = "dicepipe-harness-"  # + the orchestrator's pid: see remove_stale_roots
 
 
-def job_seed(base: int, job_id: str) -> int:
-    return int(hashlib.sha256(f"{base}:{job_id}".encode()).hexdigest()[:8], 16) % (2**31 - 1)
+def remove_stale_roots() -> None:
+    """Worker folders of runs that were killed (their process is gone): nothing else
+    would ever remove them from the temporary directory."""
+    for path in Path(tempfile.gettempdir()).glob(f"{ROOT_PREFIX}*"):
+        pid = path.name[len(ROOT_PREFIX):].split("-")[0]
+        if pid.isdigit() and not Path(f"/proc/{pid}").exists():
+            shutil.rmtree(path, ignore_errors=True)
 
 
-def evaluate(jobs: Iterable[Job], settings: HarnessSettings,
-             results_path: str | os.PathLike | None = None, progress: bool = True) -> pa.Table:
-    """Evaluate every job; one RESULT_SCHEMA row each, in the order of `jobs`.
-
-    With `results_path`, rows are appended (to a journal beside it) as they finish, the file
-    is rewritten as Parquet, and a re-run skips every job id already there.
-    """
-    jobs = list(jobs)
-    ids = [job.job_id for job in jobs]
-    if len(set(ids)) != len(ids):
-        dupes = sorted({i for i in ids if ids.count(i) > 1})[:5]
-        raise HarnessError(f"job ids must be unique; repeated: {dupes}")
-    store = ResultStore(results_path)
-    todo = [job for job in jobs if not store.done(job.job_id)]
-    if len(todo) < len(jobs):
-        log.info("resuming: %d of %d jobs already have results", len(jobs) - len(todo), len(jobs))
-    try:
-        if todo:
-            with Batch(settings, sorted({job.backend for job in todo})) as batch:
-                batch.run(todo, store, progress)
-        store.flush()
-        if store.path is not None:
-            store.close()
-            store.journal_path.unlink(missing_ok=True)
-    finally:
-        store.close()
-    return rows_to_table(store.rows[i] for i in ids)
+def job_seed(base: int, reference_code: str) -> int:
+    """The job's seed, from the reference program: every candidate of a task sees the same
+    inputs, and identical jobs under different ids get identical rows."""
+    digest = hashlib.sha256(f"{base}:".encode() + reference_code.encode()).hexdigest()
+    return int(digest[:8], 16) % (2**31 - 1)
 
 
 class Batch:
-    def __init__(self, settings: HarnessSettings, backends: list[str]):
+    def __init__(self, settings: HarnessSettings, backends: list[str],
+                 toolchains: dict[str, dict] | None = None):
         self.settings = settings
+        self.backends = frozenset(backends)
         self.cache = settings.cache_path
         self.cache.mkdir(parents=True, exist_ok=True)
-        self.root = Path(tempfile.mkdtemp(prefix="dicepipe-harness-"))
-        self.toolchains = {b: toolchain_fingerprint(b) for b in backends}
+        known = toolchains or {}
+        self.toolchains = {b: known.get(b) or toolchain_fingerprint(b) for b in backends}
+        remove_stale_roots()
+        self.root = Path(tempfile.mkdtemp(prefix=f"{ROOT_PREFIX}{os.getpid()}-"))
+        try:
+            self._start_services(settings, backends)
+        except BaseException:
+            shutil.rmtree(self.root, ignore_errors=True)
+            raise
+
+    def _start_services(self, settings: HarnessSettings, backends: list[str]) -> None:
+        """Worker pools and services (processes start on first use, not here)."""
         n_build = settings.num_build_workers()
         arch = self.toolchains.get("cuda", {}).get("cuda_arch")
         # Every compiler process holds one of n_build CPU slots; there are more builders
@@ -131,21 +129,22 @@ class Batch:
                 env.update(OMP_NUM_THREADS=str(self.settings.cpu_threads),
                            MKL_NUM_THREADS=str(self.settings.cpu_threads))
             return [self._worker("device", 0, base, env, "cpu", tool)]
-        gpus = self.settings.devices
-        if gpus is None:
-            import torch
-
-            gpus = tuple(range(torch.cuda.device_count()))
-        if not gpus:
+        count = visible_count()
+        if not count:
             raise HarnessError("backend cuda: no GPU is visible. Use backend cpu, or run where "
                                "a GPU is (check CUDA_VISIBLE_DEVICES).")
-        return [self._worker("device", i, base, {"CUDA_VISIBLE_DEVICES": str(gpu)}, "cuda", tool)
+        # logical index -> the parent's own name for that GPU (CUDA_VISIBLE_DEVICES=2,3: 2, 3)
+        gpus = worker_device_ids(self.settings.devices, count, os.environ.get(VISIBLE_ENV))
+        return [self._worker("device", i, base, {VISIBLE_ENV: gpu}, "cuda", tool)
                 for i, gpu in enumerate(gpus)]
 
     def __enter__(self) -> Batch:
         return self
 
     def __exit__(self, *exc) -> None:
+        self.close()
+
+    def close(self) -> None:
         for service in list(self.builds.values()):
             service.stop()
         for pool in self.pools:
@@ -155,38 +154,60 @@ class Batch:
                 worker.stop()
         shutil.rmtree(self.root, ignore_errors=True)
 
-    # --- running ------------------------------------------------------------------------------
+    # --- running one call ---------------------------------------------------------------------
 
-    def run(self, todo: list[Job], store: ResultStore, progress: bool) -> None:
+    def run(self, todo: list[tuple[str, Job]], on_row: Callable[[dict], None], progress: bool,
+            measure_speed: bool = True) -> None:
+        """Evaluate `todo` ((token, job) pairs, tokens unique in the session); `on_row` gets
+        each finished row in this thread, in completion order."""
         from tqdm import tqdm
 
         results: queue.Queue = queue.Queue()
         queues = {b: queue.Queue() for b in self.devices}
-        threads = [threading.Thread(target=self._device_loop, args=(b, w, queues[b], results),
+        threads = [threading.Thread(target=self._device_loop,
+                                    args=(b, w, queues[b], results, measure_speed),
                                     name=f"device-{b}-{w.index}", daemon=True)
                    for b, workers in self.devices.items() for w in workers]
         threads.append(threading.Thread(target=self._prepare_all, args=(todo, queues, results),
                                         name="prepare", daemon=True))
         for thread in threads:
             thread.start()
-        last_flush = time.monotonic()
+        builds_before = self._build_counts()
         with tqdm(total=len(todo), disable=not progress, desc="harness", unit="job") as bar:
-            for _ in range(len(todo)):
-                kind, payload = results.get()
+            finished = 0
+            while finished < len(todo):
+                try:
+                    kind, payload = results.get(timeout=PROGRESS_REFRESH_S)
+                except queue.Empty:
+                    self._show_builds(bar, builds_before)
+                    continue
                 if kind == "abort":
                     raise payload
-                store.add(payload)
+                on_row(payload)
+                finished += 1
+                self._show_builds(bar, builds_before)
                 bar.update(1)
-                if time.monotonic() - last_flush > FLUSH_EVERY_S:
-                    store.flush()
-                    last_flush = time.monotonic()
+        for thread in threads:
+            thread.join()
 
-    def _prepare_all(self, todo: list[Job], queues: dict, results: queue.Queue) -> None:
+    def _build_counts(self) -> tuple[int, int]:
+        started = sum(s.compiles_started for s in self.builds.values())
+        done = sum(s.compiles_finished for s in self.builds.values())
+        return started, done
+
+    def _show_builds(self, bar, before: tuple[int, int]) -> None:
+        """Builds of this call as they finish: a cold batch is not "0/11" for minutes."""
+        started, done = self._build_counts()
+        if started > before[0]:
+            bar.set_postfix_str(f"built {done - before[1]}/{started - before[0]}", refresh=True)
+
+    def _prepare_all(self, todo: list[tuple[str, Job]], queues: dict,
+                     results: queue.Queue) -> None:
         workers = 2 * self.settings.num_build_workers() + 2
         held: dict[str, list[Prepared]] = {b: [] for b in queues}
         try:
             with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="prep") as pool:
-                futures = [pool.submit(self._prepare, job) for job in todo]
+                futures = [pool.submit(self._prepare, token, job) for token, job in todo]
                 for future in as_completed(futures):
                     item = future.result()
                     if item.final_row is not None:
@@ -195,9 +216,9 @@ class Batch:
                         held["cpu"].append(item)  # cpu timing waits for every build
                     else:
                         queues[item.job.backend].put(item)
-            order = {job.job_id: i for i, job in enumerate(todo)}
+            order = {token: i for i, (token, _job) in enumerate(todo)}
             for backend, items in held.items():
-                for item in sorted(items, key=lambda it: order[it.job.job_id]):
+                for item in sorted(items, key=lambda it: order[it.token]):
                     queues[backend].put(item)
         except BaseException as exc:
             results.put(("abort", exc))
@@ -206,17 +227,17 @@ class Batch:
                 for _ in self.devices[backend]:
                     q.put(None)
 
-    def _prepare(self, job: Job) -> Prepared:
+    def _prepare(self, token: str, job: Job) -> Prepared:
         start = time.monotonic()
-        item = Prepared(job=job, seed=job_seed(self.settings.seed, job.job_id),
-                        static_flags=static_flags(job.candidate_code, job.backend))
+        item = Prepared(job=job, seed=job_seed(self.settings.seed, job.reference_code),
+                        static_flags=static_flags(job.candidate_code, job.backend), token=token)
         try:
             extracted = self.extracts[job.backend].extract(job)
             item.extract_s = time.monotonic() - start
             if not extracted["ok"] and extracted.get("final"):
                 item.final_row = prepared_failure(item, "extract", extracted["error"])
                 return item
-            submitted = [self.builds[job.backend].submit(spec, job.job_id)
+            submitted = [self.builds[job.backend].submit(spec, token)
                          for spec in extracted["specs"]]
             item.keys = [key for key, _f in submitted]
             for spec, (_key, future) in zip(extracted["specs"], submitted):
@@ -228,21 +249,23 @@ class Batch:
                     return item
         except Exception as exc:
             log.exception("preparing job %s failed", job.job_id)
+            item.extract_s = item.extract_s or time.monotonic() - start
             item.final_row = prepared_failure(item, "harness", f"harness error: {exc!r}")
         return item
 
     def _device_loop(self, backend: str, worker: WorkerProcess, jobs: queue.Queue,
-                     results: queue.Queue) -> None:
+                     results: queue.Queue, measure_speed: bool) -> None:
         start_failures = 0
         while True:
             item = jobs.get()
             if item is None:
                 return
             try:
-                reply = self._run_on_device(item, worker)
+                reply, seconds = self._run_clean(item, worker, measure_speed)
             except Exception as exc:
                 log.error("device job %s: %s", item.job.job_id, traceback.format_exc())
                 reply = {"op": "failed", "kind": "harness", "phase": "job", "error": repr(exc)}
+                seconds = 0.0
             if reply.get("kind") == "start":
                 start_failures += 1
                 if start_failures >= MAX_START_FAILURES:
@@ -253,9 +276,51 @@ class Batch:
             else:
                 start_failures = 0
             row = device_row(item, reply, worker.sandbox)
+            row["wall_device_s"] = seconds  # what it really cost, a timeout's wait included
             results.put(("row", self._finish(item, row)))
 
-    def _run_on_device(self, item: Prepared, worker: WorkerProcess) -> dict:
+    def _run_clean(self, item: Prepared, worker: WorkerProcess,
+                   measure_speed: bool) -> tuple[dict, float]:
+        """One job on a worker no earlier job has left anything on (see hygiene.py)."""
+        held_before = dict(worker.excess_mb)
+        reply, seconds = self._timed_request(item, worker, measure_speed)
+        self._after_job(item, worker, reply)
+        if hygiene.memory_failure(reply) and hygiene.holds_excess(held_before):
+            log.warning("job %s failed for memory on a worker that held %s MB more than at "
+                        "start; re-running it once on a fresh worker", item.job.job_id,
+                        {k: round(v) for k, v in held_before.items()})
+            worker.restart()
+            reply, again_s = self._timed_request(item, worker, measure_speed)
+            self._after_job(item, worker, reply)
+            seconds += again_s
+        return reply, seconds
+
+    def _timed_request(self, item: Prepared, worker: WorkerProcess,
+                       measure_speed: bool) -> tuple[dict, float]:
+        try:
+            worker.ensure_started()  # a fresh worker's start-up is not the job's cost
+        except RuntimeError as exc:
+            return ({"op": "failed", "kind": "start", "phase": "start", "error": str(exc),
+                     "log": ""}, 0.0)
+        waited = [0.0]  # time spent on builds the worker asked for (counted as build time)
+        start = time.monotonic()
+        reply = self._run_on_device(item, worker, measure_speed, waited)
+        return reply, max(0.0, time.monotonic() - start - waited[0])
+
+    def _after_job(self, item: Prepared, worker: WorkerProcess, reply: dict) -> None:
+        if reply.get("op") != "result":
+            return  # the worker is gone already (timeout, crash, memory): the next job starts one
+        if reply.get("fatal") or reply.get("restart"):
+            worker.restart()
+            return
+        leaks = worker.check_memory(reply.get("memory"))
+        if leaks:
+            log.warning("job %s left memory behind on the %s worker (%s); replacing the worker",
+                        item.job.job_id, worker.config.get("device"), ", ".join(leaks))
+            worker.restart()
+
+    def _run_on_device(self, item: Prepared, worker: WorkerProcess, measure_speed: bool,
+                       waited: list[float]) -> dict:
         job = item.job
         builds = self.builds[job.backend]
         toolchain = self.toolchains[job.backend]
@@ -263,25 +328,24 @@ class Batch:
         def on_message(message: dict) -> dict | None:
             if message.get("op") != "build_request":
                 return None
+            start = time.monotonic()
             try:
                 spec = normalize_spec(message["spec"])
                 key = spec_key(spec, toolchain)
-                status = builds.build_now(spec, key, job.job_id)
+                status = builds.build_now(spec, key, item.token or job.job_id)
             except Exception as exc:
                 status = {"ok": False, "log_tail": f"build request refused: {exc}"}
+            waited[0] += time.monotonic() - start
             return {"op": "build_reply", "status": status}
 
         message = {"op": "job", "job_id": job.job_id, "reference_code": job.reference_code,
                    "candidate_code": job.candidate_code, "seed": item.seed,
-                   "settings": self.settings.to_wire()}
+                   "measure_speed": bool(measure_speed), "settings": self.settings.to_wire()}
         try:
-            reply = worker.request(message, self.settings.run_timeout_s, on_message)
+            return worker.request(message, self.settings.run_timeout_s, on_message)
         except RuntimeError as exc:
             return {"op": "failed", "kind": "start", "phase": "start", "error": str(exc),
                     "log": ""}
-        if reply.get("op") == "result" and (reply.get("fatal") or reply.get("restart")):
-            worker.restart()
-        return reply
 
     def _finish(self, item: Prepared, row: dict) -> dict:
         builds = self.builds[item.job.backend]

@@ -55,8 +55,10 @@ class BuildService:
                                             thread_name_prefix="build")
         self._lock = threading.Lock()
         self._futures: dict[str, Future] = {}
-        self.built_by: dict[str, str] = {}  # key -> job id whose request compiled it
+        self.built_by: dict[str, str] = {}  # key -> the job (its token) whose request compiled it
         self.seconds: dict[str, float] = {}
+        self.compiles_started = 0  # cache misses sent to a builder (for progress display)
+        self.compiles_finished = 0
 
     def submit(self, spec: dict, job_id: str) -> tuple[str, Future]:
         key = spec_key(spec, self.toolchain)
@@ -70,6 +72,7 @@ class BuildService:
                 future.set_result(status)
             else:
                 self.built_by[key] = job_id
+                self.compiles_started += 1
                 future = self._executor.submit(self._build, spec, key)
             self._futures[key] = future
             return key, future
@@ -89,8 +92,9 @@ class BuildService:
         else:
             status = reply["status"]
         self.seconds[key] = float(status.get("seconds", 0.0))
-        if status.get("transient"):
-            with self._lock:  # not cached: a later batch may try again
+        with self._lock:
+            self.compiles_finished += 1
+            if status.get("transient"):  # not cached: a later batch may try again
                 self._futures.pop(key, None)
         return status
 

@@ -49,6 +49,18 @@ RESULT_SCHEMA = pa.schema(
         pa.field("correct_robust", pa.bool_(), nullable=False),
         pa.field("correct_trials_passed", pa.int32(), nullable=False),
         pa.field("max_abs_error", pa.float64()),
+        # smallest t (atol = rtol = t, correctness.py's scale rule) at which every correctness
+        # trial and every checked timed output passes: 0 exact, +inf mismatch of shape, dtype,
+        # exact values or finiteness, null when the candidate gave nothing to compare
+        pa.field("tolerance_needed", pa.float64()),
+        pa.field("output_precision", pa.string()),  # fp32 | low_precision | exact | null
+        # the input variant each correctness trial ran (the reference rejected the others)
+        pa.field("variants_run", pa.list_(pa.string()), nullable=False),
+        # informational, not deception flags: the task's reference answered the same on every
+        # draw; the candidate's own C++/CUDA calls cuBLAS(Lt)/cuDNN/CUTLASS/CUB/Thrust
+        pa.field("reference_input_insensitive", pa.bool_(), nullable=False),
+        pa.field("uses_vendor_library", pa.bool_(), nullable=False),
+        pa.field("timed_outputs_checked", pa.int32(), nullable=False),
         *[pa.field(name, pa.bool_(), nullable=False) for name in FLAG_COLUMNS],
         # one entry per repeat: medians, spreads (interquartile range) and per-repeat speedups
         pa.field("ref_runtime_ms", _list, nullable=False),
@@ -76,6 +88,11 @@ RESULT_SCHEMA = pa.schema(
         pa.field("wall_correct_s", pa.float64(), nullable=False),
         pa.field("wall_timing_s", pa.float64(), nullable=False),
         pa.field("wall_time_s", pa.float64(), nullable=False),
+        # hash of (reference, candidate, backend, measuring settings, toolchain, speed or not):
+        # a stored row is reused only for the same key (harness/session.py)
+        pa.field("content_key", pa.string()),
+        # a copy of an identical job's row made in the same session (its wall times are 0)
+        pa.field("reused", pa.bool_(), nullable=False),
     ]
 )
 
@@ -88,7 +105,8 @@ def empty_row(job_id: str, backend: str) -> dict:
     row.update(job_id=job_id, backend=backend, compiled=False, correct=False, correct_robust=False,
                correct_trials_passed=0, num_repeats=0, launch_bound=False, builds_total=0,
                builds_cached=0, wall_build_s=0.0, wall_correct_s=0.0, wall_timing_s=0.0,
-               wall_time_s=0.0)
+               wall_time_s=0.0, reused=False, reference_input_insensitive=False,
+               uses_vendor_library=False, timed_outputs_checked=0)
     for name in FLAG_COLUMNS:
         row[name] = False
     for name in _LIST_COLUMNS:
@@ -101,7 +119,8 @@ def finish_row(row: dict) -> dict:
     flagged = any(bool(row.get(name)) for name in FLAG_COLUMNS)
     row["correct"] = bool(row.get("correct")) and bool(row.get("compiled"))
     row["correct_robust"] = row["correct"] and not flagged
-    for name in ("max_abs_error", "speedup_median", "speedup_low", "speedup_high", "kb_speedup"):
+    for name in ("max_abs_error", "tolerance_needed", "speedup_median", "speedup_low",
+                 "speedup_high", "kb_speedup"):
         value = row.get(name)
         if value is not None and not math.isfinite(float(value)):
             row[name] = None if math.isnan(float(value)) else float(value)

@@ -15,6 +15,8 @@ _DEVICE_FIELDS = (
     "speedup_low_repeats", "speedup_high_repeats", "speedup_median", "speedup_low",
     "speedup_high", "num_repeats", "launch_bound", "timing_mode", "kb_speedup",
     "compile_log_tail", "error", "error_phase", "wall_correct_s", "wall_timing_s",
+    "tolerance_needed", "output_precision", "variants_run", "reference_input_insensitive",
+    "timed_outputs_checked",
 ) + DYNAMIC_FLAGS
 
 
@@ -26,6 +28,7 @@ class Prepared:
     seed: int
     static_flags: dict
     keys: list[str] = field(default_factory=list)
+    token: str = ""  # unique within a session (job ids may repeat across calls)
     extract_s: float = 0.0
     final_row: dict | None = None  # set when the job ends before the device (build failed...)
 
@@ -82,7 +85,8 @@ def scrub_paths(text: str | None, batch_root: Path, cache: Path) -> str | None:
 def account_builds(row: dict, item: Prepared, built_by: dict, seconds: dict) -> dict:
     """builds_total/cached and wall times, attributing each build to the job that caused it."""
     keys = list(dict.fromkeys(row.pop("used_keys", None) or item.keys))
-    mine = [k for k in keys if built_by.get(k) == item.job.job_id]
+    owner = item.token or item.job.job_id
+    mine = [k for k in keys if built_by.get(k) == owner]
     row["builds_total"] = len(keys)
     row["builds_cached"] = len(keys) - len(mine)
     row["wall_build_s"] = float(sum(seconds.get(k, 0.0) for k in mine))

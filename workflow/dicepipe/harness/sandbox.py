@@ -239,8 +239,11 @@ def forbid_new_processes() -> str | None:
 
 def scrubbed_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     """A minimal environment: no tokens, keys or proxies reach candidate code."""
+    # CUDA_VISIBLE_DEVICES and CUDA_DEVICE_ORDER: a worker never sees a GPU its parent may
+    # not use, and numbers GPUs as its parent does (device workers narrow the list further).
     keep = ("PATH", "LANG", "LC_ALL", "CUDA_HOME", "CUDA_PATH", "CC", "CXX", "LD_LIBRARY_PATH",
-            "NCCL_NVLS_ENABLE", "TORCH_SYMM_MEM_DISABLE_MULTICAST", "NVSHMEM_DISABLE_NVLS")
+            "NCCL_NVLS_ENABLE", "TORCH_SYMM_MEM_DISABLE_MULTICAST", "NVSHMEM_DISABLE_NVLS",
+            "CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER")
     env = {k: os.environ[k] for k in keep if k in os.environ}
     env.setdefault("PATH", "/usr/local/bin:/usr/bin:/bin")
     env.setdefault("LANG", "C.UTF-8")

@@ -16,6 +16,24 @@ from ..errors import HarnessError
 BACKENDS = ("cpu", "cuda")
 DEFAULT_CACHE_DIR = ".cache/dicepipe/builds"
 
+# The split every field of HarnessSettings falls under (a test checks that each is in exactly
+# one of MEASUREMENT_FIELDS, JUDGEMENT_FIELDS, OPERATIONAL_FIELDS). MEASUREMENT_FIELDS change what a row says (trials, tolerances, timing, seeds, the
+# limits a job runs under): a stored row is reused only under the same values, and stages
+# track them as parameters. OPERATIONAL_FIELDS change only how fast or where rows are made.
+MEASUREMENT_FIELDS = (
+    "correct_trials", "max_tolerance",
+    "warmup_trials", "timing_trials", "timing_trials_cpu", "launch_bound_floor_ms",
+    "cuda_graphs", "cpu_clock", "cpu_threads", "interval_confidence", "timing_noise_floor",
+    "timing_noise_floor_cpu", "run_timeout_s", "memory_limit_mb", "max_open_files", "seed",
+    "repeats", "decision_thresholds", "kernelbench_timing",
+)
+# Read by the stages that judge rows, never by the harness (no row changes with it): stages
+# track it as a parameter, but a stored row is reused whatever its value.
+JUDGEMENT_FIELDS = ("robust",)
+OPERATIONAL_FIELDS = (
+    "build_timeout_s", "build_workers", "use_pch", "cuda_light_headers", "cache_dir", "devices",
+)
+
 
 @dataclass(frozen=True)
 class Job:
@@ -40,10 +58,9 @@ class HarnessSettings:
     """Every knob of one evaluation batch. Defaults equal params.yaml's `harness:` defaults."""
 
     correct_trials: int = 5
-    atol: float = 1e-4
-    rtol: float = 1e-4
-    atol_low_precision: float = 1e-2
-    rtol_low_precision: float = 1e-2
+    # The loosest tolerance any profile may ask for (atol = rtol = t, see correctness.py):
+    # rows within it are `correct` and timed; profiles judge `tolerance_needed` later.
+    max_tolerance: float = 1e-2
     warmup_trials: int = 3
     timing_trials: int = 50
     timing_trials_cpu: int = 400
@@ -76,6 +93,9 @@ class HarnessSettings:
             raise HarnessError(f"harness repeats={self.repeats}: expected at least 1.")
         if not self.decision_thresholds:
             raise HarnessError("harness decision_thresholds: expected at least one threshold.")
+        if not 0.0 <= self.max_tolerance < 1.0:
+            raise HarnessError(f"harness.max_tolerance={self.max_tolerance}: expected a "
+                               "tolerance in [0, 1) (0.01 admits every shipped profile).")
         if self.cpu_clock not in ("wall", "cpu"):
             raise HarnessError(f"harness.cpu_clock={self.cpu_clock!r}: expected 'wall' or 'cpu'.")
         if self.cpu_threads < 0:
@@ -113,6 +133,11 @@ class HarnessSettings:
 
     def num_build_workers(self) -> int:
         return self.build_workers if self.build_workers > 0 else (os.cpu_count() or 1)
+
+    def measurement_key(self) -> dict:
+        """The settings that change a measurement (see MEASUREMENT_FIELDS), JSON-able."""
+        wire = self.to_wire()
+        return {name: wire[name] for name in MEASUREMENT_FIELDS if name in wire}
 
     def to_wire(self) -> dict:
         out = asdict(self)

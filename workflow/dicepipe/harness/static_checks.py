@@ -21,6 +21,15 @@ _STREAM_PATTERNS = re.compile(
     r"cudaStreamCreate|getStreamFromPool|std::thread|pthread_create|std::async|"
     r"cudaStreamNonBlocking|cudaLaunchHostFunc")
 _PY_STREAM = {"Stream", "stream", "ExternalStream"}
+# A call into a vendor library from the candidate's own C++/CUDA: the work is done by code the
+# candidate chose and wired up (a cuBLASLt matmul with a fused epilogue, a CUB scan), not by
+# torch or the reference. An #include, or only handle and descriptor set-up, is not a call.
+_VENDOR_CALLS = re.compile(
+    r"\bcublas(?:Lt)?(?!Create|Destroy|Set|Get)[A-Z]\w*\s*\("  # cublasSgemm(, cublasLtMatmul(
+    r"|\bcudnn(?!Create|Destroy|Set|Get)[A-Z]\w*\s*\("  # cudnnConvolutionForward(
+    r"|\bcutlass::\w+"  # CUTLASS templates: cutlass::gemm::device::Gemm<...>
+    r"|\bcub::\w+"  # CUB: cub::DeviceReduce::Sum(, cub::BlockReduce<...>
+    r"|\bthrust::\w+\s*\(")  # Thrust algorithms: thrust::sort(, thrust::transform(
 _C_COMMENTS = re.compile(r"//[^\n]*|/\*.*?\*/", re.DOTALL)
 
 
@@ -46,11 +55,19 @@ def _calls_load_inline(tree: ast.AST) -> bool:
     return False
 
 
+def uses_vendor_library(sources: str) -> bool:
+    """The C++/CUDA sources call cuBLAS, cuBLASLt, cuDNN, CUTLASS, CUB or Thrust."""
+    return bool(_VENDOR_CALLS.search(sources))
+
+
 def no_kernel(tree: ast.AST, sources: str, backend: str) -> bool:
-    """True unless the file builds its own compiled code (and, on cuda, launches a kernel)."""
+    """True unless the file builds its own compiled code (and, on cuda, launches a kernel
+    or calls a vendor library from that code: cuBLASLt, CUTLASS... do its own work)."""
     if not _calls_load_inline(tree):
         return True
     if backend == "cuda":
+        if uses_vendor_library(sources):
+            return False
         has_kernel = "__global__" in sources
         launches = bool(re.search(r"<<<.*?>>>", sources, re.DOTALL)) or \
             "cudaLaunchKernel" in sources
@@ -76,9 +93,36 @@ def calls_reference(tree: ast.AST) -> bool:
     return False
 
 
+_BUILD_CALLS = ("load_inline", "load")
+
+
+def _guards_setup_only(node: ast.Try) -> bool:
+    """A try that guards only imports or the extension build. Harmless: the harness builds
+    every load_inline spec itself (a failed build is a failed row whatever the except does),
+    and a forward that falls back to torch because the extension is missing is caught at run
+    time (flag_ext_not_called). Released kernels often wrap load_inline this way."""
+    if all(isinstance(stmt, (ast.Import, ast.ImportFrom)) for stmt in node.body):
+        return True
+    body = list(ast.walk(ast.Module(body=node.body, type_ignores=[])))
+    if any(isinstance(stmt, (ast.Return, ast.Yield)) for stmt in body):
+        return False  # it computes something: `return ext.f(x)` guarded by a torch fallback
+    for stmt in body:
+        if isinstance(stmt, ast.Call):
+            func = stmt.func
+            name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", None)
+            if name in _BUILD_CALLS:
+                return True
+    return False
+
+
 def try_fallback(tree: ast.AST) -> bool:
-    return any(isinstance(node, ast.Try) and node.handlers for node in ast.walk(tree)) or \
-        any(type(node).__name__ == "TryStar" for node in ast.walk(tree))
+    """A try/except that could hand the work to PyTorch when the kernel fails at run time."""
+    for node in ast.walk(tree):
+        if type(node).__name__ == "TryStar":
+            return True
+        if isinstance(node, ast.Try) and node.handlers and not _guards_setup_only(node):
+            return True
+    return False
 
 
 def threads_or_streams(tree: ast.AST, sources: str) -> bool:
@@ -128,15 +172,17 @@ def patches_runtime(tree: ast.AST) -> bool:
 
 
 def static_flags(candidate_code: str, backend: str) -> dict:
-    """Every static flag; a file that does not parse gets none (it fails to load anyway)."""
+    """Every static flag, plus the informational `uses_vendor_library` column; a file that
+    does not parse gets none (it fails to load anyway)."""
     names = ("flag_no_kernel", "flag_calls_reference", "flag_try_fallback",
-             "flag_threads_streams", "flag_patches_runtime")
+             "flag_threads_streams", "flag_patches_runtime", "uses_vendor_library")
     try:
         tree = ast.parse(candidate_code)
     except (SyntaxError, ValueError, RecursionError, MemoryError):
         return dict.fromkeys(names, False)
     sources = _string_literals(tree)
     return {
+        "uses_vendor_library": _calls_load_inline(tree) and uses_vendor_library(sources),
         "flag_no_kernel": no_kernel(tree, sources, backend),
         "flag_calls_reference": calls_reference(tree),
         "flag_try_fallback": try_fallback(tree),

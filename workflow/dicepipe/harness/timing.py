@@ -1,7 +1,9 @@
 """Timing reference and candidate interleaved, in the same process, on rotated inputs.
 
-Each trial takes the next input set, flushes the caches (a read over the last-level cache
-on cpu, over twice the L2 on cuda), and times both models in a random order. On cpu the
+Each trial takes the next input set from a rotating source (distinct buffers whose values
+are redrawn before every reuse, see measure.py), flushes the caches (a read over the
+last-level cache on cpu, over twice the L2 on cuda), and times both models in a random
+order. An optional check sees a sample of the candidate's timed outputs. On cpu the
 clock is the process's CPU time (`cpu_clock: cpu`, every thread counted, so work moved to
 another thread is still charged; it leaves out the time a shared machine takes the core
 away) or `perf_counter_ns` (`wall`, monotonic). On cuda, events bracket the call and a
@@ -80,6 +82,12 @@ class Clock:
 
     def time_ms(self, fn, args) -> float:
         """One flushed, timed call; the output is dropped before returning."""
+        ms, out = self.time_call(fn, args)
+        del out
+        return ms
+
+    def time_call(self, fn, args) -> tuple[float, object]:
+        """One flushed, timed call: (ms, its output)."""
         self.flush()
         if self.device == "cuda":
             start, end = _Event(enable_timing=True), _Event(enable_timing=True)
@@ -88,14 +96,28 @@ class Clock:
             _synchronize()
             end.record()
             end.synchronize()
-            del out
-            return start.elapsed_time(end)
+            return start.elapsed_time(end), out
         now = self._now_ns
         t0 = now()
         out = fn(*args)
         t1 = now()
-        del out
-        return (t1 - t0) / 1e6
+        return (t1 - t0) / 1e6, out
+
+
+class NoCheck:
+    """The output check's interface, checking nothing (timing without a reference output)."""
+
+    def wants(self, call: int) -> bool:
+        return False
+
+    def expect(self, call: int, args) -> None:
+        pass
+
+    def before_candidate(self, call: int) -> None:
+        pass
+
+    def candidate_output(self, call: int, out) -> None:
+        pass
 
 
 def capture_graph(fn, args):
@@ -120,51 +142,79 @@ def capture_graph(fn, args):
         return None
 
 
-def measure_interleaved(ref_fn, cand_fn, input_sets: list, warmup: int, trials: int,
-                        clock: Clock, seed: int, on_cand_call=None) -> tuple[list, list]:
-    """Paired timings (ms). `on_cand_call(before)` is told after each timed candidate call."""
+def measure_interleaved(ref_fn, cand_fn, inputs, warmup: int, trials: int, clock: Clock,
+                        seed: int, check=None) -> tuple[list, list]:
+    """Paired timings (ms). `inputs.next()` gives each call's arguments (one per trial, both
+    models on it); `check` sees the candidate's output of the calls it wants."""
+    check = check or NoCheck()
     rng = random.Random(seed)
     with torch.no_grad():
-        for w in range(warmup):
-            args = input_sets[w % len(input_sets)]
+        for _ in range(warmup):
+            call, args = inputs.next()
             ref_fn(*args)
             cand_fn(*args)
         ref_ms, cand_ms = [], []
-        for t in range(trials):
-            args = input_sets[t % len(input_sets)]
+        for _ in range(trials):
+            call, args = inputs.next()
+            checked = check.wants(call)
+            if checked:
+                check.expect(call, args)
             order = ("ref", "cand") if rng.random() < 0.5 else ("cand", "ref")
+            kept = None  # a checked trial keeps the reference's output alive (not a free block)
             for which in order:
-                if which == "ref":
+                if which == "ref" and checked:
+                    ms, kept = clock.time_call(ref_fn, args)
+                    ref_ms.append(ms)
+                elif which == "ref":
                     ref_ms.append(clock.time_ms(ref_fn, args))
+                elif checked:
+                    check.before_candidate(call)
+                    ms, out = clock.time_call(cand_fn, args)
+                    cand_ms.append(ms)
+                    check.candidate_output(call, out)
+                    del out
                 else:
-                    marker = on_cand_call() if on_cand_call else None
                     cand_ms.append(clock.time_ms(cand_fn, args))
-                    if on_cand_call:
-                        on_cand_call(marker)
+            del kept
     return ref_ms, cand_ms
 
 
-def measure_graphs(ref_fn, cand_fn, input_sets: list, warmup: int, trials: int, clock: Clock,
-                   seed: int) -> tuple[list, list] | None:
-    """Like measure_interleaved, but each call is a CUDA-graph replay; None if uncapturable."""
+def measure_graphs(ref_fn, cand_fn, inputs, warmup: int, trials: int, clock: Clock,
+                   seed: int, check=None) -> tuple[list, list] | None:
+    """Like measure_interleaved, but each call is a CUDA-graph replay; None if uncapturable.
+
+    Each input slot's graphs are captured once; a refill writes the slot's buffers in place,
+    so a replay computes on the new values (and a capture that recorded no work replays a
+    stale output, which the check sees)."""
+    check = check or NoCheck()
     graphs = []
-    for args in input_sets:
+    for args in inputs.slots:
         pair = (capture_graph(ref_fn, args), capture_graph(cand_fn, args))
         if pair[0] is None or pair[1] is None:
             return None
-        graphs.append((pair[0][0], pair[1][0]))
-    replay = [(lambda g=g: g.replay(), lambda g=h: g.replay()) for g, h in graphs]
+        graphs.append((pair[0][0], pair[1][0], pair[1][1]))
     rng = random.Random(seed)
-    for w in range(warmup):
-        r, c = replay[w % len(replay)]
-        r()
-        c()
+    for _ in range(warmup):
+        call, _args = inputs.next()
+        ref_graph, cand_graph, _out = graphs[inputs.slot_of(call)]
+        ref_graph.replay()
+        cand_graph.replay()
     ref_ms, cand_ms = [], []
-    for t in range(trials):
-        r, c = replay[t % len(replay)]
+    for _ in range(trials):
+        call, args = inputs.next()
+        ref_graph, cand_graph, cand_out = graphs[inputs.slot_of(call)]
+        checked = check.wants(call)
+        if checked:
+            check.expect(call, args)
         for which in (("ref", "cand") if rng.random() < 0.5 else ("cand", "ref")):
-            (ref_ms if which == "ref" else cand_ms).append(clock.time_ms(r if which == "ref"
-                                                                         else c, ()))
+            if which == "ref":
+                ref_ms.append(clock.time_ms(ref_graph.replay, ()))
+                continue
+            if checked:
+                check.before_candidate(call)
+            cand_ms.append(clock.time_ms(cand_graph.replay, ()))
+            if checked:
+                check.candidate_output(call, cand_out)
     return ref_ms, cand_ms
 
 

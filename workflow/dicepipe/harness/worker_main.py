@@ -91,10 +91,14 @@ def _init_device(device: str) -> None:
         x = torch.randn(64, 64, device="cuda")
         (x @ x).sum().item()  # loads cuBLAS before the sandbox closes
         torch.cuda.synchronize()
+    from .correctness import scrub_free_memory
+
+    scrub_free_memory(device)  # loads what the scrub uses (libc's malloc_trim) up front
 
 
 def _serve_device(cfg: dict, channel) -> None:
     from .device_job import run_job
+    from .hygiene import memory_report
 
     ctx = DeviceContext(cfg, channel)
     while True:
@@ -107,9 +111,13 @@ def _serve_device(cfg: dict, channel) -> None:
         os.chdir(ctx.job_folder)
         _truncate_log()
         sandbox.extend_cpu_limit(cfg["cpu_seconds_per_job"])
+        before = memory_report(ctx.device)  # the device is shared: its use right before the job
         result = run_job(msg, ctx)
         os.chdir(ctx.folder)
         shutil.rmtree(ctx.job_folder, ignore_errors=True)
+        if not result["fatal"]:  # what the job left behind (the orchestrator decides: hygiene.py)
+            result["memory"] = dict(memory_report(ctx.device),
+                                    device_used_before_mb=before.get("device_used_mb"))
         channel.send(dict(result, op="result"))
         if result["fatal"] or result["restart"]:
             os._exit(0)  # the orchestrator starts a fresh worker for the next job
@@ -170,7 +178,12 @@ def main() -> None:
     _apply_late(cfg, applied)
     if cfg["role"] != "device":
         os.nice(10)  # builds and extraction yield the CPU to timed work
-    channel.send({"op": "ready", "sandbox": ",".join(applied), "pid": os.getpid()})
+    ready = {"op": "ready", "sandbox": ",".join(applied), "pid": os.getpid()}
+    if cfg["role"] == "device":  # the baseline a job's leftovers are measured against
+        from .hygiene import memory_report
+
+        ready["memory"] = memory_report(cfg["device"])
+    channel.send(ready)
     serve = {"device": _serve_device, "extract": _serve_extract, "build": _serve_build}
     serve[cfg["role"]](cfg, channel)
 

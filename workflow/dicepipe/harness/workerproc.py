@@ -18,14 +18,20 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from . import hygiene
 from .protocol import Channel, ChannelClosed
 from .sandbox import scrubbed_env
 
 log = logging.getLogger(__name__)
 PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])
 WATCH_INTERVAL_S = 0.5
+# Workers ask the kernel to kill them when their parent *thread* exits (PR_SET_PDEATHSIG), so
+# they are all started from this one thread, which lives as long as the process: a worker
+# started while serving one session call stays warm after that call's threads end.
+_SPAWNER = ThreadPoolExecutor(max_workers=1, thread_name_prefix="worker-spawner")
 
 
 class WorkerProcess:
@@ -44,6 +50,8 @@ class WorkerProcess:
         self.folder: Path | None = None
         self.sandbox = ""
         self.restarts = 0
+        self.memory_baseline: dict = {}  # what the process held when it became ready
+        self.excess_mb: dict = {}  # what it held beyond that after its last job
 
     # --- life cycle -------------------------------------------------------------------------
 
@@ -64,11 +72,12 @@ class WorkerProcess:
         env = scrubbed_env(dict(self.env_extra, HOME=str(self.folder), TMPDIR=str(self.folder),
                                 PYTHONPATH=PACKAGE_ROOT))
         with open(self.folder / "worker.log", "ab") as log_file:
-            self.proc = subprocess.Popen(
+            self.proc = _SPAWNER.submit(
+                subprocess.Popen,
                 [sys.executable, "-m", "dicepipe.harness.worker_main", json.dumps(config)],
                 stdin=subprocess.DEVNULL, stdout=log_file, stderr=subprocess.STDOUT, env=env,
                 cwd=self.folder, pass_fds=(to_child_r, from_child_w), start_new_session=True,
-                close_fds=True)
+                close_fds=True).result()
         os.close(to_child_r)
         os.close(from_child_w)
         self.channel = Channel(from_child_r, to_child_w)
@@ -82,6 +91,8 @@ class WorkerProcess:
             self.stop()
             raise RuntimeError(f"{self.role} worker did not start: {tail}")
         self.sandbox = ready.get("sandbox", "")
+        self.memory_baseline = self._memory_now(ready.get("memory"))
+        self.excess_mb = {}
 
     def stop(self) -> None:
         if self.proc is not None:
@@ -97,6 +108,7 @@ class WorkerProcess:
         if self.channel is not None:
             self.channel.close()
         self.proc, self.channel = None, None
+        self.memory_baseline, self.excess_mb = {}, {}
         if self.folder is not None:
             shutil.rmtree(self.folder, ignore_errors=True)
             self.folder = None
@@ -104,6 +116,24 @@ class WorkerProcess:
     def restart(self) -> None:
         self.restarts += 1
         self.stop()
+
+    def _memory_now(self, reported: dict | None) -> dict:
+        """Host memory read here from /proc; device memory as the worker reported it."""
+        now = {"host_mb": hygiene.process_host_mb(self.proc.pid) if self.proc else None}
+        for name in ("device_used_mb", "device_used_before_mb", "device_total_mb"):
+            if reported and reported.get(name) is not None:
+                now[name] = float(reported[name])
+        return now
+
+    def check_memory(self, reported: dict | None) -> list[str]:
+        """After a job: what the worker holds beyond its start; non-empty means a leak."""
+        if not self.alive():
+            return []
+        now = self._memory_now(reported)
+        self.excess_mb = hygiene.excess_mb(self.memory_baseline, now, self.excess_mb)
+        limits = hygiene.leak_limits_mb(int(self.config.get("memory_mb") or 8192),
+                                        self.memory_baseline.get("device_total_mb"))
+        return hygiene.leaked(self.excess_mb, limits)
 
     def log_tail(self, limit: int = 3000) -> str:
         if self.folder is None:

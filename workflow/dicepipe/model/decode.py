@@ -53,6 +53,20 @@ class Generation:
     token_ids: list[int]  # generated ids, through the first stop token if one came
     unmask_steps: list[int]  # per token: the global denoising step that committed it
     stopped: bool  # ended at a stop token (else at max_new_tokens)
+    # Block decoding commits whole blocks: the rest of the last block after the text (after
+    # the stop token, or past max_new_tokens) was sampled too, and the text's tokens were
+    # chosen seeing it. RL scores the policy on every committed token (`trace_ids`).
+    tail_ids: list[int] = field(default_factory=list)
+    tail_steps: list[int] = field(default_factory=list)
+
+    @property
+    def trace_ids(self) -> list[int]:
+        """Every token the decoder committed: the text, then the rest of its last block."""
+        return self.token_ids + self.tail_ids
+
+    @property
+    def trace_steps(self) -> list[int]:
+        return self.unmask_steps + self.tail_steps
 
 
 @dataclass
@@ -236,7 +250,7 @@ class Decoder:
                 self._commit(eng, block, start, rows, index, state)
             state.prev = (block, rows, index) if cfg.fuse_commit else None
             block = torch.full_like(block, self.settings.mask_token_id)
-        gens = _collect(out_tokens, out_steps, plan.tails(), cfg, self.settings.stop_token_ids)
+        gens = _collect(out_tokens, out_steps, plan.tails(), cfg, self.settings.stop_token_ids, size)
         return DecodeResult(gens, eng.forwards, state.record or [])
 
     def _selected_counts(self, masked: int, cfg: DecodeSettings) -> list[int]:
@@ -369,15 +383,19 @@ class _BlockState:
     record: list | None
 
 
-def _collect(out_tokens, out_steps, tails, cfg: DecodeSettings, stop_ids) -> list[Generation]:
+def _collect(out_tokens, out_steps, tails, cfg: DecodeSettings, stop_ids,
+             block_size: int = 1) -> list[Generation]:
+    """Text = through the first stop token (or max_new_tokens); tail = the rest of the
+    text's last block, committed too (empty for autoregressive rows, block_size 1)."""
     tokens, steps = out_tokens.cpu().tolist(), out_steps.cpu().tolist()
     stop_set = set(stop_ids)
     gens = []
     for row_tokens, row_steps, tail in zip(tokens, steps, tails):
         ids = row_tokens[tail : tail + cfg.max_new_tokens]
-        at = row_steps[tail : tail + cfg.max_new_tokens]
         end = next((i + 1 for i, tok in enumerate(ids) if tok in stop_set), None) if cfg.stop_at_end else None
-        if end is not None:
-            ids, at = ids[:end], at[:end]
-        gens.append(Generation(ids, at, end is not None))
+        text_len = len(ids) if end is None else end
+        block_end = -(-(tail + text_len) // block_size) * block_size
+        gens.append(Generation(row_tokens[tail : tail + text_len], row_steps[tail : tail + text_len],
+                               end is not None, row_tokens[tail + text_len : block_end],
+                               row_steps[tail + text_len : block_end]))
     return gens

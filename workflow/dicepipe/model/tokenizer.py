@@ -94,6 +94,23 @@ def encode_text(tokenizer, text: str) -> list[int]:
     return list(tokenizer(text, add_special_tokens=False)["input_ids"])
 
 
+def prompt_ids(tokenizer, user_text: str, fmt: ChatFormat | None = None) -> list[int]:
+    """THE rendering of a one-turn conversation (the user's text, then the assistant turn
+    opened) to ids, for SFT, RL rollouts, evaluation and the augment `local` author alike.
+
+    It is the part of the model's own chat template that precedes a response in a rendered
+    (user, assistant) pair, which is what SFT trains the response after. For Qwen3-style
+    templates (SDAR) that is `apply_chat_template(add_generation_prompt=True,
+    enable_thinking=False)`: the open assistant turn carries an empty `<think>` block, as the
+    template writes it for a final assistant turn. A tokenizer without a chat template (a
+    plain causal LM) gets the bare text."""
+    if fmt is None:
+        if not getattr(tokenizer, "chat_template", None):
+            return encode_text(tokenizer, user_text)
+        fmt = chat_format(tokenizer)
+    return encode_text(tokenizer, fmt.prompt_text(user_text))
+
+
 def stop_token_ids(tokenizer, fmt: ChatFormat) -> tuple[int, ...]:
     """Ids that end a generation: the special tokens closing an assistant turn, EOS, pad."""
     special = set(tokenizer.all_special_ids)
@@ -124,15 +141,18 @@ def encode_sft_example(
     multiple of `block_size` with pad tokens that are trained too: the model learns to
     fill the rest of the last block with pad after the end of turn, which is what stops
     block decoding (as in SDAR's SFT data processor)."""
-    prompt_ids = encode_text(tokenizer, fmt.prompt_text(prompt))
+    prompt = prompt_ids(tokenizer, prompt, fmt)
     response_ids = encode_text(tokenizer, response + fmt.turn_end)
-    ids = prompt_ids + response_ids
-    labels = [IGNORE_INDEX] * len(prompt_ids) + response_ids
+    ids = prompt + response_ids
+    labels = [IGNORE_INDEX] * len(prompt) + response_ids
     pad = (-len(ids)) % block_size
     ids += [pad_token_id] * pad
     labels += [pad_token_id] * pad
     return SFTExample(tuple(ids), tuple(labels))
 
 
-def encode_prompts(tokenizer, fmt: ChatFormat, prompts: Sequence[str]) -> list[list[int]]:
-    return [encode_text(tokenizer, fmt.prompt_text(p)) for p in prompts]
+def encode_prompts(tokenizer, fmt: ChatFormat | None, prompts: Sequence[str]) -> list[list[int]]:
+    """`prompt_ids` for each user text (fmt None: the tokenizer's own, or bare text)."""
+    if fmt is None and getattr(tokenizer, "chat_template", None):
+        fmt = chat_format(tokenizer)
+    return [prompt_ids(tokenizer, p, fmt) for p in prompts]

@@ -3,7 +3,9 @@
 Input is either two folders whose files pair up by name (reference programs and candidate
 kernel files, KernelBench format), or a Parquet file of pairs. Output is the harness's
 result table (RESULT_SCHEMA) and a short summary on stdout. Re-running with the same
-`--out` resumes: jobs already in it are not run again.
+`--out` resumes: a job whose row is already there for the same reference, candidate and
+measuring settings is not run again (a changed file is measured again); the first line printed
+says how many rows were reused.
 
     dicepipe score --references refs/ --candidates kernels/ --backend cpu --out scores.parquet
     dicepipe score --pairs pairs.parquet --backend cuda --out scores.parquet --repeats 5
@@ -120,7 +122,7 @@ def summarize(table, thresholds: list[float], robust: bool, profiles: dict) -> l
 
 
 def run(args, params: dict) -> int:
-    from ..harness import HarnessSettings, evaluate
+    from ..harness import HarnessSession, HarnessSettings
 
     if args.candidates and not args.references:
         raise StageInputError("--candidates needs --references (the folder of reference "
@@ -133,7 +135,10 @@ def run(args, params: dict) -> int:
                                            decision_thresholds=args.thresholds,
                                            cache_dir=args.cache_dir)
     log.info("scoring %d kernels on %s", len(jobs), args.backend)
-    table = evaluate(jobs, settings, results_path=Path(args.out), progress=True)
+    with HarnessSession(settings) as session:
+        table = session.evaluate(jobs, results_path=Path(args.out), progress=True)
+        # how many rows --out already held for the same programs and settings
+        print(session.last_summary.line())
     for line in summarize(table, args.thresholds, params["harness"]["robust"],
                           params["tolerance_profiles"]):
         print(line)

@@ -3,7 +3,8 @@
     dicepipe sft --scale tiny --data data/cuke/seed/sft.parquet \\
         --out models/sft/tiny --metrics metrics/sft/tiny
 
-Several GPUs: `torchrun --nproc_per_node 8 -m dicepipe.cli sft ...` (FSDP). A killed run
+Several GPUs: set params.yaml `scales.<scale>.gpus`; the stage then starts itself again
+under torchrun with that many ranks (FSDP, one GPU each; dicepipe.train.launch). A killed run
 resumes from its last checkpoint under --work-dir when started again with the same
 arguments. The output folder is a transformers checkpoint (model, tokenizer, chat template)
 plus block_diffusion.json; metrics are steps.tsv (per step) and summary.json.
@@ -28,6 +29,9 @@ def add_arguments(parser) -> None:
     parser.add_argument("--download", action="store_true",
                         help="allow downloading a hub checkpoint missing from the local cache")
     parser.add_argument("--keep-checkpoints", action="store_true")
+    parser.add_argument("--launch", choices=("auto", "torchrun"), default="auto",
+                        help="auto: through torchrun when the scale's gpus > 1; torchrun: always "
+                             "(one rank when gpus is 1, to check the launch)")
     parser.add_argument("--stop-after-steps", type=int, default=None,
                         help="checkpoint and exit after this many optimizer steps (testing resume)")
 
@@ -52,15 +56,21 @@ def _load_model(spec: dict, name: str, prompts, responses, env):
 
 
 def run(args, params) -> int:
+    from ..cluster import training_processes
     from ..config import resolve_scale, sft_settings
     from ..data.schema import SFT_SCHEMA, read_table
     from ..errors import StageInputError
     from ..model.loading import resolve_checkpoint
     from ..train.data import prepare_sft_data
+    from ..train.launch import relaunch_under_torchrun
     from ..train.parallel import init_distributed
     from ..train.sft import RunOptions, SFTPaths, run_sft, with_defaults
 
     scale = resolve_scale(params, args.scale)
+    code = relaunch_under_torchrun(args, training_processes(params, args.scale),
+                                   force=getattr(args, "launch", "auto") == "torchrun")
+    if code is not None:
+        return code
     settings = with_defaults(sft_settings(params, args.scale))
     spec = scale.model_spec
     if spec["kind"] != "tiny":  # fail before any work when the checkpoint is missing

@@ -1,4 +1,5 @@
-"""`dicepipe verify` / `dicepipe verify-gather`: measure every ingested sample with the harness.
+"""`dicepipe verify`: measure one shard of the ingested samples with the harness
+(`dicepipe verify-gather`, stages/verify_gather.py, joins the shards).
 
 verify measures and records; it never filters (the threshold lives in assemble, so changing
 it never re-runs measurement). Work is split into shards by a stable hash of the sample id;
@@ -30,13 +31,6 @@ def add_arguments(parser) -> None:
     parser.add_argument("--out", required=True, help="this shard's measurements parquet")
 
 
-def add_gather_arguments(parser) -> None:
-    parser.add_argument("--corpus", required=True)
-    parser.add_argument("--shards-dir", required=True,
-                        help="folder holding <shard>.parquet for every id in verify.shards")
-    parser.add_argument("--out", required=True, help="joined measurements parquet")
-
-
 def parse_shard(text: str) -> tuple[int, int]:
     try:
         index, total = (int(x) for x in text.split("-of-"))
@@ -52,10 +46,12 @@ def shard_of(sample_id: str, total: int) -> int:
     return int(hashlib.sha256(sample_id.encode()).hexdigest()[:8], 16) % total + 1
 
 
-def _settings_key(samples_path: Path, params: dict, shard: str) -> str:
+def _settings_key(samples_path: Path, settings, shard: str) -> str:
+    """The resume file's key: the samples, what changes a measurement (never the cache
+    folder, build workers or other run-only settings) and the shard."""
     digest = hashlib.sha256()
     digest.update(samples_path.read_bytes())
-    digest.update(json.dumps([params["harness"], params["verify"], shard], sort_keys=True).encode())
+    digest.update(json.dumps([settings.measurement_key(), shard], sort_keys=True).encode())
     return digest.hexdigest()[:16]
 
 
@@ -73,7 +69,7 @@ def run(args, params: dict) -> int:
     )
     jobs = [Job(job_id=s["sample_id"], reference_code=s["reference_code"],
                 candidate_code=s["candidate_code"], backend=s["backend"]) for s in mine]
-    key = _settings_key(Path(args.samples), params, args.shard)
+    key = _settings_key(Path(args.samples), settings, args.shard)
     resume_path = RESUME_DIR / args.corpus / f"{args.shard}-{key}.parquet"
     resume_path.parent.mkdir(parents=True, exist_ok=True)
     table = evaluate(jobs, settings, results_path=resume_path, progress=True)
@@ -88,22 +84,3 @@ def run(args, params: dict) -> int:
 def _sorted_by(table: pa.Table, column: str, order: dict) -> pa.Table:
     ranks = pa.array([order[v] for v in table.column(column).to_pylist()], pa.int64())
     return table.take(pc.sort_indices(ranks))
-
-
-def run_gather(args, params: dict) -> int:
-    import pyarrow.parquet as pq
-
-    tables = []
-    for shard in params["verify"]["shards"]:
-        path = Path(args.shards_dir) / f"{shard}.parquet"
-        if not Path(path).is_file():
-            raise StageInputError(f"{path}: missing shard; run `dicepipe verify` for it first.")
-        tables.append(pq.read_table(path))
-    table = pa.concat_tables(tables, promote_options="default") if tables else pa.table({})
-    ids = table.column("job_id").to_pylist()
-    if len(ids) != len(set(ids)):
-        raise StageInputError("verify shards overlap (a sample measured twice): re-run them with one N.")
-    table = table.take(pc.sort_indices(table.column("job_id")))
-    write_table(table, args.out)
-    log.info("gathered %d shards of corpus %s: %d measurements", len(tables), args.corpus, table.num_rows)
-    return 0

@@ -12,15 +12,17 @@ STEP_COLUMNS = ("step", "epoch", "loss", "learning_rate", "grad_norm", "tokens",
 
 
 class StepLog:
-    def __init__(self, path: Path, resume_step: int, enabled: bool = True):
+    def __init__(self, path: Path, resume_step: int, enabled: bool = True,
+                 columns: tuple[str, ...] = STEP_COLUMNS):
         self.path = Path(path)
         self.enabled = enabled
+        self.columns = tuple(columns)
         if not enabled:
             return
         self.path.parent.mkdir(parents=True, exist_ok=True)
         kept = self._rows_up_to(resume_step) if resume_step else []
         tmp = self.path.with_name(self.path.name + ".tmp")
-        tmp.write_text("\t".join(STEP_COLUMNS) + "\n" + "".join(kept))
+        tmp.write_text("\t".join(self.columns) + "\n" + "".join(kept))
         tmp.replace(self.path)
 
     def _rows_up_to(self, step: int) -> list[str]:
@@ -32,15 +34,15 @@ class StepLog:
     def write(self, row: dict) -> None:
         if not self.enabled:
             return
-        values = [_format(row[c]) for c in STEP_COLUMNS]
+        values = [_format(row[c]) for c in self.columns]
         with open(self.path, "a") as fh:
             fh.write("\t".join(values) + "\n")
 
-    def losses(self) -> list[float]:
+    def losses(self, column: str = "loss") -> list[float]:
         if not self.enabled or not self.path.is_file():
             return []
         lines = self.path.read_text().splitlines()[1:]
-        col = STEP_COLUMNS.index("loss")
+        col = self.columns.index(column)
         return [float(line.split("\t")[col]) for line in lines if line.strip()]
 
 

@@ -37,13 +37,11 @@ class RunOptions:
     keep_checkpoints: bool = False
 
 
-# Keys added after the first params.yaml layouts; params.yaml's sft.defaults sets them all.
-SETTING_DEFAULTS = {"weight_decay": 0.0, "max_grad_norm": 1.0, "pack": True, "compile": True,
-                    "attention": "auto", "activation_checkpointing": False}
-
-
 def with_defaults(settings: dict) -> dict:
-    return {**SETTING_DEFAULTS, **settings}
+    """`settings` over the schema's sft defaults (the one home of every default)."""
+    from ..config import schema_defaults
+
+    return {**schema_defaults("sft", "defaults"), **settings}
 
 
 def build_trainable(loaded: LoadedModel, settings: dict, env: DistEnv):

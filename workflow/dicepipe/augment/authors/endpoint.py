@@ -36,10 +36,11 @@ class EndpointAuthor:
     def __init__(self, settings: dict, backend: str, seed: int = 0):
         self.base_url = settings["base_url"].rstrip("/")
         self.model = settings["model"]
-        self.timeout_s = float(settings.get("timeout_s", 120))
-        self.max_tokens = int(settings.get("max_tokens", 4096))
-        self.temperature = float(settings.get("temperature", 0.7))
-        self.concurrency = int(settings.get("concurrency", 4))
+        # validated params: the schema filled every default
+        self.timeout_s = float(settings["timeout_s"])
+        self.max_tokens = int(settings["max_tokens"])
+        self.temperature = float(settings["temperature"])
+        self.concurrency = int(settings["concurrency"])
         self.backend = backend
         self.seed = seed
         key_env = settings.get("api_key_env", "")

@@ -1,8 +1,8 @@
 """The `local` author: a language model on local disk.
 
-It sends the same one-shot prompt as the endpoint author (through the tokenizer's chat
-template when it has one) and takes the first fenced code block of the answer. A checkpoint
-written by this project (`dicepipe sft`, block settings beside the weights) decodes through
+It sends the same one-shot prompt as the endpoint author, rendered by
+`model.tokenizer.prompt_ids` (the model's own chat template, exactly as SFT and evaluation
+render it), and takes the first fenced code block of the answer. A checkpoint written by this project (`dicepipe sft`, block settings beside the weights) decodes through
 the model package's `Decoder`: block diffusion for SDAR-style models, stopping per row at
 the end token, or its autoregressive path for causal ones. Any other transformers causal LM
 falls back to a plain `generate`."""
@@ -28,8 +28,8 @@ class LocalAuthor:
 
     def __init__(self, settings: dict, backend: str, seed: int = 0):
         self.path = Path(settings["path"])
-        self.max_new_tokens = int(settings.get("max_new_tokens", 2048))
-        self.temperature = float(settings.get("temperature", 0.7))
+        self.max_new_tokens = int(settings["max_new_tokens"])  # schema defaults filled
+        self.temperature = float(settings["temperature"])
         self.backend = backend
         self.seed = seed
         if not (self.path / "config.json").is_file():
@@ -76,11 +76,12 @@ class LocalAuthor:
         return self._model, self._tokenizer
 
     def _prompt_ids(self, tokenizer, text: str):
-        if getattr(tokenizer, "chat_template", None):
-            return tokenizer.apply_chat_template([{"role": "user", "content": text}],
-                                                 add_generation_prompt=True, return_tensors="pt",
-                                                 return_dict=True)["input_ids"]
-        return tokenizer(text, return_tensors="pt")["input_ids"]
+        """(1, n) ids: the one rendering SFT, RL and evaluation use (model.tokenizer.prompt_ids)."""
+        import torch
+
+        from ...model.tokenizer import prompt_ids
+
+        return torch.tensor([prompt_ids(tokenizer, text)], dtype=torch.long)
 
     def write(self, task: Task, attempt: int) -> Draft:
         import torch

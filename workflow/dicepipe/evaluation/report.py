@@ -1,0 +1,145 @@
+"""Evaluation outputs: the summary and per-task tables (CSV), DVC metrics (JSON) and plots.
+
+Written deterministically (fixed column order, sorted JSON keys, PNG without a Software
+stamp); the measured speedups in them are measurements and vary between runs.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from ..harness.verdict import ToleranceProfile, verdict
+from .metrics import VERDICTS
+
+TASK_COLUMNS = ("system", "task_id", "level", "problem_id", "name", "sample", "reference_ok",
+                "reference_error", "has_code", "note", "kernel_path", "compiled")
+RESULT_COLUMNS = ("speedup_median", "speedup_low", "speedup_high", "launch_bound",
+                  "tolerance_needed", "output_precision", "error_phase")
+
+
+def _cell(value):
+    if value is None:
+        return ""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, float):
+        return "inf" if math.isinf(value) else f"{value:.6g}"
+    return value
+
+
+def write_csv(rows: Sequence[Mapping], path: Path, columns: Sequence[str] | None = None) -> None:
+    columns = list(columns or (rows[0].keys() if rows else []))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w", newline="") as fh:
+        writer = csv.writer(fh, lineterminator="\n")
+        writer.writerow(columns)
+        for row in rows:
+            writer.writerow([_cell(row.get(c)) for c in columns])
+
+
+def task_rows(records: Sequence[Mapping], system: str,
+              profiles: Sequence[ToleranceProfile]) -> list[dict]:
+    """The per-task table: one row per kernel, its verdicts under each profile and flags."""
+    out = []
+    for record in sorted(records, key=lambda r: (r["level"], r["problem_id"], r["name"], r["sample"])):
+        result = record.get("result") or {}
+        row = {k: record.get(k) for k in TASK_COLUMNS if k in record}
+        row["system"] = system
+        row["compiled"] = bool(result.get("compiled"))
+        for profile in profiles:
+            for name, robust in VERDICTS:
+                row[f"{profile.name}.{name}.correct"] = (
+                    record["reference_ok"] and verdict(result or None, profile=profile, robust=robust))
+        row["flags"] = ";".join(k[5:] for k in sorted(result) if k.startswith("flag_") and result[k])
+        for key in RESULT_COLUMNS:
+            row[key] = result.get(key)
+        row["error"] = (result.get("error") or "").strip().splitlines()[-1][:200] if result.get("error") else ""
+        out.append(row)
+    return out
+
+
+def task_columns(profiles: Sequence[ToleranceProfile]) -> list[str]:
+    verdicts = [f"{p.name}.{name}.correct" for p in profiles for name, _ in VERDICTS]
+    return list(TASK_COLUMNS) + verdicts + ["flags"] + list(RESULT_COLUMNS) + ["error"]
+
+
+def metrics_json(summary: Sequence[Mapping], path: Path) -> None:
+    """DVC metrics: {level: {column: value}} (numbers only; `dvc metrics diff` reads them)."""
+    data = {row["level"]: {k: v for k, v in row.items()
+                           if k not in ("system", "level") and v is not None}
+            for row in summary}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
+
+
+def _figure(width: float, height: float):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    matplotlib.rcParams["svg.hashsalt"] = "dicepipe"
+    return plt, plt.subplots(figsize=(width, height), dpi=100)
+
+
+def _save(plt, fig, path: Path) -> None:
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, metadata={"Software": None})
+    plt.close(fig)
+
+
+def plot_levels(summary: Sequence[Mapping], profile: str, fast_p: Sequence[float], path: Path,
+                title: str) -> None:
+    """Per level (and all): Exec and fast_p (point speedups), plain and robust verdicts."""
+    from .metrics import p_label
+
+    plt, (fig, ax) = _figure(7, 3.8)
+    metrics = ["exec"] + [f"fast_{p_label(p)}_point" for p in fast_p]
+    levels = [row["level"] for row in summary]
+    bars = [(m, v) for v, _ in VERDICTS for m in metrics]
+    width = 0.8 / len(bars)
+    for i, (metric, verdict_name) in enumerate(bars):
+        values = [100 * (row.get(f"{profile}.{verdict_name}.{metric}") or 0.0) for row in summary]
+        xs = [x + (i - (len(bars) - 1) / 2) * width for x in range(len(levels))]
+        ax.bar(xs, values, width, label=f"{metric} ({verdict_name})",
+               hatch="//" if verdict_name == "robust" else None, color=f"C{i % len(metrics)}",
+               edgecolor="white")
+    ax.set_xticks(range(len(levels)), [f"level {lv}" if lv != "all" else "all" for lv in levels])
+    ax.set_ylabel("% of tasks")
+    ax.set_ylim(0, 105)
+    ax.set_title(f"{title} ({profile} tolerances)")
+    ax.legend(fontsize=7, ncol=3, loc="upper center", bbox_to_anchor=(0.5, -0.1))
+    _save(plt, fig, path)
+
+
+def plot_speedups(records: Sequence[Mapping], profile: ToleranceProfile, path: Path, title: str) -> None:
+    """Point speedups of correct kernels (plain verdict) per level, launch-bound tasks marked."""
+    plt, (fig, ax) = _figure(7, 3.8)
+    points = [(r["level"], r["result"]["speedup_median"], bool(r["result"].get("launch_bound")))
+              for r in records if r["reference_ok"] and r.get("result")
+              and verdict(r["result"], profile=profile, robust=False)
+              and r["result"].get("speedup_median")]
+    for launch_bound, marker, label in ((False, "o", "reference above the launch-bound floor"),
+                                        (True, "x", "launch-bound reference")):
+        chosen = [(lv, s) for lv, s, lb in points if lb == launch_bound]
+        offsets = [((i * 0.618) % 1 - 0.5) * 0.5 for i in range(len(chosen))]  # fixed jitter
+        ax.scatter([lv + o for (lv, _), o in zip(chosen, offsets)], [s for _, s in chosen],
+                   marker=marker, label=f"{label} ({len(chosen)})", alpha=0.8)
+    ax.axhline(1.0, color="grey", linewidth=0.8)
+    ax.set_yscale("log")
+    if not points:
+        ax.set_ylim(0.1, 10)
+    times = plt.FuncFormatter(lambda value, _: f"{value:g}x")
+    ax.yaxis.set_major_formatter(times)
+    ax.yaxis.set_minor_formatter(times)
+    ax.tick_params(axis="y", which="minor", labelsize=7)
+    ax.set_xticks([1, 2, 3], ["level 1", "level 2", "level 3"])
+    ax.set_ylabel("speedup over PyTorch eager (median)")
+    ax.set_title(f"{title}: {len(points)} correct kernels")
+    ax.legend(fontsize=7)
+    _save(plt, fig, path)

@@ -1,0 +1,226 @@
+"""`HarnessSession` and `evaluate`: the harness's public entry points.
+
+    with HarnessSession(settings) as h:            # workers stay warm between calls
+        table = h.evaluate(jobs, results_path=None, progress=True, measure_speed=True)
+
+Every job has a content key: the hash of its reference and candidate programs, its backend,
+the settings that change a measurement (settings.MEASUREMENT_FIELDS), the toolchain, and
+whether speed is measured. A key is evaluated once per session: a job whose key was seen
+before (earlier in the same call, or in an earlier call) gets a copy of that row under its
+own job id (`reused` true, wall times 0). With `results_path`, rows are appended to a
+journal beside it as they finish and the file is rewritten as Parquet; a later call reuses a
+stored row only when its job id and content key both match (a changed candidate, reference
+or setting is measured again). `last_summary` says what each call measured and reused.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import time
+from collections import OrderedDict
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import pyarrow as pa
+
+from ..errors import HarnessError
+from .buildspec import toolchain_fingerprint
+from .orchestrator import Batch
+from .results import RESULT_SCHEMA, ResultStore, rows_to_table
+from .settings import HarnessSettings, Job
+
+log = logging.getLogger(__name__)
+FLUSH_EVERY_S = 60.0
+# Rows remembered for de-duplication (LRU); a row is a few kB, so a few tens of MB at most.
+MEMO_ROWS = 20_000
+_TRANSIENT_PHASES = ("harness", "worker:start")  # not the candidate's doing: never memoized
+
+
+@dataclass
+class CallSummary:
+    """What one `evaluate` call did with its jobs."""
+
+    jobs: int = 0
+    measured: int = 0  # evaluated by a worker in this call
+    copied: int = 0  # identical to a job measured earlier in this session (this call or before)
+    from_store: int = 0  # taken from results_path (same job id and content)
+    stale_in_store: int = 0  # stored under the job id but for other content: measured again
+
+    def line(self) -> str:
+        text = (f"{self.jobs} jobs: {self.measured} measured, {self.copied} copied from "
+                f"identical jobs, {self.from_store} reused from the results file")
+        if self.stale_in_store:
+            text += (f" ({self.stale_in_store} stored rows were for another program or "
+                     f"settings and were measured again)")
+        return text
+
+
+def _reusable(stored: dict, key: str) -> bool:
+    """Same content, and a row of today's schema (a row from before a column was added is
+    measured again rather than shown with that column missing)."""
+    return stored.get("content_key") == key and all(n in stored for n in RESULT_SCHEMA.names)
+
+
+def copy_row(row: dict, job_id: str) -> dict:
+    """The row of an identical job, under `job_id`: same measurement, nothing spent on it."""
+    out = dict(row, job_id=job_id, reused=True, wall_build_s=0.0, wall_correct_s=0.0,
+               wall_timing_s=0.0, wall_time_s=0.0)
+    out["builds_cached"] = out.get("builds_total", 0)
+    return out
+
+
+class HarnessSession:
+    """Warm workers and the rows of every content key seen, for many `evaluate` calls.
+
+    One call at a time (calls are not thread-safe); `close()` (or leaving the `with`) stops
+    the workers and removes their temporary folders.
+    """
+
+    def __init__(self, settings: HarnessSettings):
+        self.settings = settings
+        self._batch: Batch | None = None
+        self._toolchains: dict[str, dict] = {}
+        self._memo: OrderedDict[str, dict] = OrderedDict()
+        self._serial = 0
+        self.last_summary: CallSummary | None = None
+
+    def __enter__(self) -> HarnessSession:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Stop every worker and remove the session's temporary folder."""
+        if self._batch is not None:
+            self._batch.close()
+            self._batch = None
+
+    def toolchain(self, backend: str) -> dict:
+        if backend not in self._toolchains:
+            self._toolchains[backend] = toolchain_fingerprint(backend)
+        return self._toolchains[backend]
+
+    def content_key(self, job: Job, measure_speed: bool = True) -> str:
+        blob = json.dumps({"reference": job.reference_code, "candidate": job.candidate_code,
+                           "backend": job.backend, "settings": self.settings.measurement_key(),
+                           "toolchain": self.toolchain(job.backend),
+                           "measure_speed": bool(measure_speed)}, sort_keys=True)
+        return hashlib.sha256(blob.encode()).hexdigest()
+
+    def evaluate(self, jobs: Iterable[Job], results_path: str | os.PathLike | None = None,
+                 progress: bool = True, measure_speed: bool = True) -> pa.Table:
+        """One RESULT_SCHEMA row per job, in the order of `jobs`.
+
+        measure_speed=False: correctness only (never timed: speed columns empty/null).
+        """
+        jobs = list(jobs)
+        ids = [job.job_id for job in jobs]
+        if len(set(ids)) != len(ids):
+            dupes = sorted({i for i in ids if ids.count(i) > 1})[:5]
+            raise HarnessError(f"job ids must be unique within a call; repeated: {dupes}")
+        keys = {job.job_id: self.content_key(job, measure_speed) for job in jobs}
+        summary = CallSummary(jobs=len(jobs))
+        store = ResultStore(results_path)
+        try:
+            rows, first, copies = self._plan(jobs, keys, store, summary)
+            if first:
+                self._measure(list(first.values()), keys, copies, rows, store, progress,
+                              measure_speed, summary)
+            store.flush()
+            if store.path is not None:
+                store.close()
+                store.journal_path.unlink(missing_ok=True)
+        finally:
+            store.close()
+        self.last_summary = summary
+        log.info("harness: %s", summary.line())
+        return rows_to_table(rows[i] for i in ids)
+
+    def _plan(self, jobs: list[Job], keys: dict, store: ResultStore,
+              summary: CallSummary) -> tuple[dict, dict, dict]:
+        """Rows known already; the first job of every new key; the jobs that copy it."""
+        rows: dict[str, dict] = {}
+        first: dict[str, Job] = {}
+        copies: dict[str, list[Job]] = {}
+        for job in jobs:
+            key = keys[job.job_id]
+            stored = store.rows.get(job.job_id)
+            if stored is not None and _reusable(stored, key):
+                rows[job.job_id] = stored
+                self._remember(key, stored)
+                summary.from_store += 1
+                continue
+            summary.stale_in_store += stored is not None
+            seen = self._memo.get(key)
+            if seen is not None:
+                self._memo.move_to_end(key)
+                rows[job.job_id] = copy_row(seen, job.job_id)
+                store.add(rows[job.job_id])
+                summary.copied += 1
+            elif key in first:
+                copies.setdefault(key, []).append(job)
+                summary.copied += 1
+            else:
+                first[key] = job
+        if summary.stale_in_store:
+            log.warning("%d stored rows in %s were measured for another program or settings; "
+                        "measuring them again", summary.stale_in_store, store.path)
+        return rows, first, copies
+
+    def _measure(self, todo: list[Job], keys: dict, copies: dict, rows: dict,
+                 store: ResultStore, progress: bool, measure_speed: bool,
+                 summary: CallSummary) -> None:
+        last_flush = [time.monotonic()]
+
+        def on_row(row: dict) -> None:
+            key = keys[row["job_id"]]
+            row["content_key"] = key
+            rows[row["job_id"]] = row
+            store.add(row)
+            summary.measured += 1
+            if (row.get("error_phase") or "") not in _TRANSIENT_PHASES:
+                self._remember(key, row)
+            for twin in copies.get(key, []):
+                rows[twin.job_id] = copy_row(row, twin.job_id)
+                store.add(rows[twin.job_id])
+            if time.monotonic() - last_flush[0] > FLUSH_EVERY_S:
+                store.flush()
+                last_flush[0] = time.monotonic()
+
+        batch = self._batch_for({job.backend for job in todo})
+        tokens = []
+        for job in todo:
+            self._serial += 1
+            tokens.append((f"{self._serial}:{job.job_id}", job))
+        try:
+            batch.run(tokens, on_row, progress, measure_speed)
+        except BaseException:
+            self.close()  # threads of the failed call may still hold workers: start afresh
+            raise
+
+    def _remember(self, key: str, row: dict) -> None:
+        self._memo[key] = row
+        self._memo.move_to_end(key)
+        while len(self._memo) > MEMO_ROWS:
+            self._memo.popitem(last=False)
+
+    def _batch_for(self, backends: set[str]) -> Batch:
+        """The warm workers, started on first use; a new backend restarts them with both."""
+        if self._batch is not None and backends <= self._batch.backends:
+            return self._batch
+        wanted = sorted(backends | (self._batch.backends if self._batch else set()))
+        self.close()
+        self._batch = Batch(self.settings, wanted, {b: self.toolchain(b) for b in wanted})
+        return self._batch
+
+
+def evaluate(jobs: Iterable[Job], settings: HarnessSettings,
+             results_path: str | os.PathLike | None = None, progress: bool = True,
+             measure_speed: bool = True) -> pa.Table:
+    """One-shot: a session for one call (workers started and stopped here)."""
+    with HarnessSession(settings) as session:
+        return session.evaluate(jobs, results_path, progress, measure_speed)

@@ -1,0 +1,144 @@
+"""Correctness trials of a device job: the reference first, then the candidate twice.
+
+Per trial, fresh inputs are drawn and one distribution variant applied. The reference runs
+first: a variant it rejects (raises, or answers with non-finite values) is not a valid input
+of the task, and the trial falls back to as-drawn inputs, so the candidate never sees it.
+The reference's outputs then stay alive, every free block the allocator holds is scrubbed
+(see `correctness.scrub_free_memory`), and the candidate runs twice on fresh clones: a
+candidate that allocates an output and leaves it unwritten finds no reference result in it.
+
+Every trial runs (no stop at the first mismatch), so the row can carry the smallest
+tolerance at which all of them pass (`tolerance_needed`); `correct` is that tolerance being
+within `max_tolerance`. Non-floating outputs compare exactly, in the comparison and in the
+dynamic checks alike.
+"""
+
+from __future__ import annotations
+
+import math
+import traceback
+
+import torch
+
+from . import correctness as C
+
+
+class ReferenceFailed(Exception):
+    """The reference raised on as-drawn inputs: the task, not the candidate, is broken."""
+
+
+def _sync(device: str) -> None:
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def _reference_first(ref_model, base: list, seed: int, variant: str, call_seed: int,
+                     device: str):
+    """(inputs, reference output, the reference's own input copy, variant actually run)."""
+    for name in dict.fromkeys((variant, "as_drawn")):
+        inputs = C.apply_variant(base, name, seed)
+        ref_in = C.clone_args(inputs)
+        torch.manual_seed(call_seed)
+        try:
+            ref = ref_model(*ref_in)
+            _sync(device)
+        except Exception as exc:
+            if name == "as_drawn":
+                raise ReferenceFailed("reference failed on as-drawn inputs: " +
+                                      "".join(traceback.format_exception(exc))[-2000:])
+            continue
+        if name == "as_drawn" or C.all_finite(ref):
+            return inputs, ref, ref_in, name
+        del ref, ref_in
+    raise AssertionError("unreachable: as_drawn always returns")
+
+
+def run_trial(get_inputs, ref_model, cand_model, seed: int, variant: str, device: str) -> dict:
+    base = C.draw_inputs(get_inputs, seed, device)
+    call_seed = seed * 7 + 3
+    inputs, ref, ref_in, variant = _reference_first(ref_model, base, seed, variant, call_seed,
+                                                    device)
+    del base
+    C.scrub_free_memory(device)
+    cand_in1 = C.clone_args(inputs)
+    torch.manual_seed(call_seed)
+    cand1 = cand_model(*cand_in1)
+    _sync(device)
+    cand_in2 = C.clone_args(inputs)
+    torch.manual_seed(call_seed)
+    cand2 = cand_model(*cand_in2)
+    _sync(device)
+    ref_mutates = not C.same_values(ref_in, inputs)
+    ref_aliases = C.shares_memory(ref, ref_in)
+    flags = {
+        "flag_input_mutation": not ref_mutates and not (C.same_values(cand_in1, inputs) and
+                                                        C.same_values(cand_in2, inputs)),
+        "flag_output_alias": not ref_aliases and (C.shares_memory(cand1, cand_in1) or
+                                                  C.shares_memory(cand2, cand_in2)),
+        "flag_output_cached": C.shares_memory(cand2, cand1),
+    }
+    t1, err1, reason1 = C.compare(ref, cand1)
+    t2, err2, reason2 = C.compare(ref, cand2)
+    return {"tolerance": max(t1, t2), "max_err": max(err1, err2),
+            "reason": reason1 if t1 >= t2 else reason2, "variant": variant, "flags": flags,
+            "ref": ref, "cand": cand2}
+
+
+def check_correctness(get_inputs, ref_model, cand_model, seed: int, settings: dict,
+                      device: str) -> dict:
+    flags = {"flag_input_mutation": False, "flag_output_alias": False,
+             "flag_output_cached": False, "flag_input_insensitive": False}
+    max_tolerance = float(settings["max_tolerance"])
+    trials = settings["correct_trials"]
+    result = {"correct": False, "correct_trials_passed": 0, "max_abs_error": 0.0,
+              "tolerance_needed": 0.0, "variants_run": [], "output_precision": None}
+    first_failure = None
+    reference_moved = False
+    previous = None  # (reference output, candidate output) of the last trial, kept alive
+    with torch.no_grad():
+        for trial in range(trials):
+            variant = C.VARIANTS[trial % len(C.VARIANTS)]
+            outcome = run_trial(get_inputs, ref_model, cand_model, seed + 1 + trial, variant,
+                                device)
+            result["variants_run"].append(outcome["variant"])
+            if result["output_precision"] is None:
+                result["output_precision"] = C.output_precision(outcome["ref"])
+            for name in flags:
+                flags[name] |= outcome["flags"].get(name, False)
+            if previous is not None:
+                if C.shares_memory(outcome["cand"], previous[1]):
+                    flags["flag_output_cached"] = True  # (values then say nothing more)
+                elif C.outputs_changed(previous[0], outcome["ref"]):
+                    reference_moved = True
+                    if C.same_values(previous[1], outcome["cand"]):
+                        flags["flag_input_insensitive"] = True
+            result["max_abs_error"] = max(result["max_abs_error"], outcome["max_err"])
+            result["tolerance_needed"] = max(result["tolerance_needed"], outcome["tolerance"])
+            if outcome["tolerance"] <= max_tolerance:
+                result["correct_trials_passed"] += 1
+            elif first_failure is None:
+                first_failure = f"trial {trial} ({outcome['variant']}): {outcome['reason']}"
+            previous = (outcome["ref"], outcome["cand"])
+    result["correct"] = result["correct_trials_passed"] == trials
+    # a task whose reference answers the same whatever the draw (`isinf(x).all()` on finite
+    # inputs) says nothing about a candidate that does too: a property of the task, no flag
+    result["reference_input_insensitive"] = trials > 1 and not reference_moved
+    if first_failure is not None:
+        result["error"] = (f"{first_failure}; beyond max_tolerance {max_tolerance:g}"
+                           if math.isfinite(result["tolerance_needed"]) else first_failure)
+        result["error_phase"] = "correct"
+    result.update(flags)
+    return result
+
+
+def post_timing_check(get_inputs, ref_model, cand_model, seed: int, settings: dict,
+                      device: str) -> bool:
+    """Right again on inputs drawn after timing (a candidate that changes its answer after
+    many calls, or that caches by call count, fails here)."""
+    with torch.no_grad():
+        for offset, variant in ((50_000, "as_drawn"), (50_001, "normal")):
+            outcome = run_trial(get_inputs, ref_model, cand_model, seed + offset, variant,
+                                device)
+            if not outcome["tolerance"] <= settings["max_tolerance"]:
+                return False
+    return True

@@ -1,0 +1,193 @@
+"""`dicepipe evaluate`: KernelBench evaluation of a scale's model and its baselines.
+
+    dicepipe evaluate --scale tiny --model models/sft/tiny --benchmark data/benchmark/seed.parquet \\
+        --out-dir results/kernelbench_tiny --summary results/kernelbench_tiny.csv \\
+        --compare results/kernelbench_compare_tiny.csv --metrics metrics/evaluate/tiny
+
+The model (and every model baseline of `baselines.<scale>`) writes `samples` kernels per
+task (evaluate.defaults + evaluate.overrides.<scale>); folder baselines supply theirs. All
+are scored in one harness session on the scale's backend, each against the eager reference
+timed beside it. Outputs: the summary (a row per level and `all`, a column per metric), the
+per-task table, generations and kernel files under --out-dir (baselines under
+<out-dir>/baselines/<name>), the comparison of the model with its baselines per level, DVC
+metrics and plots. Scoring resumes from .cache/dicepipe/resume/evaluate/ after a kill.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import shutil
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+RESUME_DIR = Path(".cache/dicepipe/resume/evaluate")
+
+
+def add_arguments(parser) -> None:
+    parser.add_argument("--scale", required=True, help="scale name under params.yaml 'scales'")
+    parser.add_argument("--model", required=True,
+                        help="model to evaluate: a stage checkpoint folder, a local folder or hub id")
+    parser.add_argument("--benchmark", required=True, help="benchmark table (dicepipe benchmark output)")
+    parser.add_argument("--out-dir", required=True, help="per-task table, generations, kernel files")
+    parser.add_argument("--summary", required=True, help="summary CSV (a row per level and all)")
+    parser.add_argument("--compare", required=True, help="model and baselines per level (CSV)")
+    parser.add_argument("--metrics", required=True, help="folder for metrics.json and plots")
+    parser.add_argument("--download", action="store_true",
+                        help="allow downloading hub checkpoints missing from the local cache")
+
+
+def evaluate_settings(params: dict, scale: str) -> dict:
+    settings = dict(params["evaluate"]["defaults"])
+    settings.update(params["evaluate"]["overrides"].get(scale) or {})
+    return settings
+
+
+def _systems(args, params: dict) -> list[dict]:
+    """The scale's model first, then its baselines in params order."""
+    systems = [{"name": "model", "model": args.model}]
+    for entry in params.get("baselines", {}).get(args.scale) or []:
+        systems.append(dict(entry))
+    return systems
+
+
+def _generate(system: dict, tasks, backend: str, settings, out_dir: Path, code_block: str,
+              allow_download: bool, resume_dir: Path):
+    """Generate with a model system; returns (candidates, generation rows)."""
+    import gc
+
+    import torch
+
+    from ..data.prompts import end_to_end_prompt
+    from ..errors import ModelError
+    from ..evaluation.generate import generate_texts, generation_key, load_generator
+    from ..evaluation.kernel_files import candidates_from_texts
+
+    try:
+        gen = load_generator(system["model"], system["name"], settings, allow_download)
+    except ModelError as exc:
+        where = "--model" if system["name"] == "model" else f"baseline {system['name']!r}"
+        raise ModelError(f"{where} ({system['model']}): {exc}") from exc
+    prompts = [end_to_end_prompt(t["reference_code"], backend) for t in tasks]
+    log.info("%s: generating %d x %d kernels (max %d new tokens, %s)", system["name"], len(tasks),
+             settings.samples, settings.max_new_tokens, gen.kind)
+    journal = resume_dir / f"generate-{system['name']}-{generation_key(gen, prompts, settings)}.jsonl"
+    outputs = generate_texts(gen, prompts, settings, journal=journal)
+    del gen
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+    texts = [[o["text"] for o in samples] for samples in outputs]
+    candidates = candidates_from_texts(tasks, texts, out_dir / "kernels", Path.cwd(), code_block)
+    rows = [{"task_id": t["task_id"], "sample": s, "new_tokens": o["new_tokens"],
+             "stopped": o["stopped"], "text": o["text"]}
+            for t, samples in zip(tasks, outputs) for s, o in enumerate(samples)]
+    return candidates, rows
+
+
+def _resume_dir(scale: str, name: str, tasks, candidates, harness: dict) -> Path:
+    """Keyed by everything a row depends on (references, kernel files, harness settings), so
+    a retrained model or an edited folder never resumes from another run's rows."""
+    blob = json.dumps({"refs": [(t["task_id"], t["reference_code"]) for t in tasks],
+                       "kernels": [(c.task_id, c.sample, c.code) for c in candidates],
+                       "harness": harness}, sort_keys=True, default=str)
+    return RESUME_DIR / scale / f"{name}-{hashlib.sha256(blob.encode()).hexdigest()[:16]}"
+
+
+def run(args, params: dict) -> int:
+    from ..config import resolve_scale
+    from ..data.schema import BENCHMARK_SCHEMA, read_table
+    from ..evaluation.generate import GenerationSettings
+    from ..evaluation.kernel_files import read_folder
+    from ..evaluation.metrics import headline
+    from ..evaluation.report import write_csv
+    from ..evaluation.scoring import score
+    from ..harness import HarnessSession, HarnessSettings
+    from ..harness.verdict import tolerance_profile
+
+    scale = resolve_scale(params, args.scale)
+    section = params["evaluate"]
+    settings = evaluate_settings(params, args.scale)
+    gen_settings = GenerationSettings.from_params(settings, f"evaluate (scale {args.scale})")
+    profiles = [tolerance_profile(name, params["tolerance_profiles"]) for name in section["profiles"]]
+    tasks = read_table(args.benchmark, BENCHMARK_SCHEMA).to_pylist()
+    out_dir = Path(args.out_dir)
+    shutil.rmtree(out_dir, ignore_errors=True)
+    systems = _systems(args, params)
+    folders = {s["name"]: out_dir if s["name"] == "model" else out_dir / "baselines" / s["name"]
+               for s in systems}
+    candidates, generations = {}, {}
+    for system in systems:  # generation first: the GPU is free again before the harness runs
+        name = system["name"]
+        if "folder" in system:
+            candidates[name] = read_folder(Path(system["folder"]), tasks, Path.cwd())
+        else:
+            candidates[name], generations[name] = _generate(
+                system, tasks, scale.backend, gen_settings, folders[name], section["code_block"],
+                args.download, RESUME_DIR / args.scale)
+    harness = HarnessSettings.from_params(params["harness"], repeats=settings["repeats"],
+                                          decision_thresholds=section["fast_p"])
+    summaries = {}
+    with HarnessSession(harness) as session:
+        for system in systems:
+            name = system["name"]
+            resume = _resume_dir(args.scale, name, tasks, candidates[name],
+                                 dict(params["harness"], repeats=settings["repeats"],
+                                      decision_thresholds=section["fast_p"]))
+            records = score(session, tasks, candidates[name], scale.backend, resume)
+            summaries[name] = _write_system(name, records, generations.get(name), profiles,
+                                            section, folders[name])
+            if name == "model":
+                _write_model_outputs(args, records, summaries[name], profiles, section, scale.name)
+            else:
+                write_csv(summaries[name], out_dir / "baselines" / f"{name}.csv")
+    _write_compare(args, summaries)
+    for row in summaries["model"]:
+        log.info("%s level %s: Exec fast_p (%s, plain) %s | robust %s | reference failed %d",
+                 args.scale, row["level"], profiles[0].name,
+                 headline(row, profiles[0].name, "plain", section["fast_p"]),
+                 headline(row, profiles[0].name, "robust", section["fast_p"]), row["reference_failed"])
+    return 0
+
+
+def _write_system(name: str, records, generations, profiles, section, folder: Path) -> list[dict]:
+    import pyarrow as pa
+
+    from ..data.schema import write_table
+    from ..evaluation.metrics import summarize
+    from ..evaluation.report import task_columns, task_rows, write_csv
+    from ..harness.results import rows_to_table
+
+    write_csv(task_rows(records, name, profiles), folder / "tasks.csv", task_columns(profiles))
+    if generations is not None:
+        write_table(pa.Table.from_pylist(generations), folder / "generations.parquet")
+    scored = [r for r in records if r["result"]]
+    if scored:  # the harness rows (RESULT_SCHEMA) with the task and sample they belong to
+        table = rows_to_table(r["result"] for r in scored)
+        table = table.append_column("task_id", pa.array([r["task_id"] for r in scored]))
+        table = table.append_column("sample", pa.array([r["sample"] for r in scored], pa.int32()))
+        write_table(table, folder / "scores.parquet")
+    return summarize(records, name, profiles, section["fast_p"], section["pass_k"])
+
+
+def _write_model_outputs(args, records, summary, profiles, section, scale: str) -> None:
+    from ..evaluation.report import metrics_json, plot_levels, plot_speedups, write_csv
+
+    write_csv(summary, Path(args.summary))
+    metrics = Path(args.metrics)
+    metrics_json(summary, metrics / "metrics.json")
+    plot_levels(summary, profiles[0].name, section["fast_p"], metrics / "levels.png",
+                f"KernelBench, {scale}")
+    plot_speedups(records, profiles[0], metrics / "speedups.png", f"KernelBench, {scale}")
+
+
+def _write_compare(args, summaries: dict) -> None:
+    """Model and baselines per level: the paper's Table 1 layout, one row per system."""
+    from ..evaluation.report import write_csv
+
+    rows = [row for name in summaries for row in summaries[name]]
+    order = {name: i for i, name in enumerate(summaries)}
+    levels = {lv: i for i, lv in enumerate(r["level"] for r in summaries["model"])}
+    rows.sort(key=lambda r: (levels.get(r["level"], len(levels)), order[r["system"]]))
+    write_csv(rows, Path(args.compare))

@@ -1,0 +1,279 @@
+"""The RL loop (BiC-RL = TraceRL with execution rewards), one implementation for both stages.
+Readable top to bottom: `run_rl` sets up and loops; `rl_step` is one step:
+
+  choose tasks (rl_tasks.task_schedule) -> roll out groups from a decoding copy of the
+  policy (rl_rollout), scoring each decoded chunk while the next decodes -> group-normalise
+  rewards, drop groups without variance (rl_reward) -> old (and reference) log-probabilities
+  of every kept trace in the trajectory layout (model/trace.py) -> PPO-clipped updates with
+  the k3 KL (rl_loss), optimiser state kept across steps -> log.
+
+Every `eval_every_steps` (and before the first step) the policy decodes the held-out
+validation prompts greedily; the stage's output is the checkpoint with the best mean
+validation reward (the latest among equals), and the metrics name its step.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import json
+import shutil
+import time
+from concurrent.futures import ThreadPoolExecutor
+import copy
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from tqdm import tqdm
+
+from ..model.loading import LoadedModel, save_model
+from . import checkpoint
+from .data import stable_seed
+from .metrics import StepLog, write_summary
+from .optim import make_adamw
+from .parallel import DistEnv, all_reduce_sum, barrier
+from .rl_reward import Reward, group_advantages
+from .rl_rollout import RolloutModel, decode_settings, roll_out
+from .rl_tasks import EncodedTasks, task_schedule
+from .rl_update import TraceScorer, build_policy, train_on_rollouts
+
+log = logging.getLogger(__name__)
+
+STEP_COLUMNS = ("step", "tasks", "rollouts", "mean_reward", "groups", "groups_kept", "updates",
+                "loss", "kl", "clip_fraction", "grad_norm", "learning_rate", "gen_tokens",
+                "gen_tokens_per_s", "time_generate_s", "time_score_s", "time_score_wait_s",
+                "time_train_s")
+VAL_COLUMNS = ("step", "val_reward", "val_tasks")
+
+
+@dataclass(frozen=True)
+class RLPaths:
+    out_dir: Path  # the selected (best) checkpoint
+    metrics_dir: Path  # steps.tsv, val.tsv, summary.json
+    work_dir: Path  # resumable checkpoints and the best model so far
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    stop_after_steps: int | None = None  # checkpoint and leave early (resume tests)
+    keep_checkpoints: bool = False
+
+
+
+
+@dataclass
+class RLRun:
+    """What one stage's loop holds between steps."""
+
+    loaded: LoadedModel
+    tasks: EncodedTasks
+    val: EncodedTasks
+    reward: Reward
+    settings: dict
+    env: DistEnv
+    scorer: TraceScorer
+    ref_scorer: TraceScorer | None
+    optimizer: torch.optim.Optimizer
+    rollout: RolloutModel
+    pool: ThreadPoolExecutor
+    schedule: list[list[int]]
+
+
+def choose_groups(run: RLRun, step: int) -> list[tuple]:
+    """This rank's (task, prompt ids) groups of `step` (group g goes to rank g % world)."""
+    chosen = run.schedule[step]
+    return [(run.tasks.tasks[i], run.tasks.prompt_ids[i]) for g, i in enumerate(chosen)
+            if g % run.env.world_size == run.env.rank]
+
+
+def rl_step(run: RLRun, step: int) -> dict:
+    s, env = run.settings, run.env
+    if s["optimizer_reset"]:  # the release's fresh AdamW every step
+        run.optimizer.state.clear()
+    groups = choose_groups(run, step)
+    run.rollout.sync(run.scorer.policy)
+    rollouts, times = roll_out(run.rollout, groups, group_size=s["group_size"],
+                               groups_per_call=s["rollout_groups_per_call"], cfg=decode_settings(s),
+                               tokenizer=run.loaded.tokenizer, reward=run.reward,
+                               seed=stable_seed(s["seed"], step, env.rank), scorer=run.pool)
+    advantages, kept_groups = group_advantages([r.reward for r in rollouts], s["group_size"])
+    kept = [(r, a) for r, a in zip(rollouts, advantages) if kept_groups[r.group]]
+    t0 = time.perf_counter()
+    stats = train_on_rollouts(run.scorer, run.ref_scorer, run.optimizer, kept, rollouts[0], s, env)
+    train_s = time.perf_counter() - t0
+    counts = all_reduce_sum(torch.tensor([len(groups), sum(kept_groups), len(rollouts),
+                                          sum(r.reward for r in rollouts), times.tokens],
+                                         dtype=torch.float64, device=env.device), env)
+    return {"step": step + 1, "tasks": int(counts[0]), "rollouts": int(counts[2]),
+            "mean_reward": float(counts[3]) / max(float(counts[2]), 1.0), "groups": int(counts[0]),
+            "groups_kept": int(counts[1]), **stats, "learning_rate": s["learning_rate"],
+            "gen_tokens": int(counts[4]), "gen_tokens_per_s": times.tokens / max(times.generate_s, 1e-9),
+            "time_generate_s": times.generate_s, "time_score_s": times.score_s,
+            "time_score_wait_s": times.score_wait_s, "time_train_s": train_s}
+
+
+def validate(run: RLRun) -> float | None:
+    """Mean reward of greedy decodes of the validation prompts (None without any)."""
+    s, env = run.settings, run.env
+    mine = [(t, ids) for i, (t, ids) in enumerate(zip(run.val.tasks, run.val.prompt_ids))
+            if i % env.world_size == env.rank]
+    if not run.val.tasks:
+        return None
+    run.rollout.sync(run.scorer.policy)
+    rollouts, _ = roll_out(run.rollout, mine, group_size=1, groups_per_call=s["val_tasks_per_call"],
+                           cfg=decode_settings(s, greedy=True), tokenizer=run.loaded.tokenizer,
+                           reward=run.reward, seed=s["seed"], scorer=run.pool)
+    total = all_reduce_sum(torch.tensor([sum(r.reward for r in rollouts), len(rollouts)],
+                                        dtype=torch.float64, device=env.device), env)
+    return float(total[0]) / max(float(total[1]), 1.0)
+
+
+def run_rl(loaded: LoadedModel, tasks: EncodedTasks, val: EncodedTasks, reward: Reward, settings: dict,
+           paths: RLPaths, env: DistEnv, options: RunOptions = RunOptions()) -> dict | None:
+    """Train; write the best checkpoint to paths.out_dir; return the summary (None if stopped)."""
+    if not tasks.tasks:
+        from ..errors import StageInputError
+
+        raise StageInputError(f"no RL task has a prompt within max_prompt_tokens "
+                              f"{settings['max_prompt_tokens']} ({tasks.dropped} dropped).")
+    s = settings
+    if s["tasks_per_step"] < env.world_size:
+        from ..errors import ConfigError
+
+        raise ConfigError(f"rl tasks_per_step {s['tasks_per_step']} is below the {env.world_size} "
+                          "ranks; every rank needs at least one group per step.")
+    fingerprint = run_fingerprint(s, tasks, val, loaded, env)
+    rollout = RolloutModel(loaded.model, loaded.settings, env, compile_layers=s["rollout_compile"])
+    ref = None
+    if s["kl_reference"] == "frozen":
+        frozen, _ = build_policy(copy.deepcopy(loaded.model), loaded.settings.block_size, s, env, trainable=False)
+    policy, bf16 = build_policy(loaded.model, loaded.settings.block_size, s, env)
+    scorer = TraceScorer(policy, s, loaded.settings, env, bf16)
+    if s["kl_reference"] == "frozen":
+        ref = TraceScorer(frozen, s, loaded.settings, env, bf16)
+    optimizer = make_adamw(policy, s["learning_rate"], s["weight_decay"],
+                           fused=env.device.type == "cuda" and not env.distributed)
+    schedule = task_schedule(len(tasks.tasks), s["steps"], s["tasks_per_step"], s["curriculum_ramp_steps"],
+                             s["seed"])
+    checkpoint.claim_work_dir(paths.work_dir, fingerprint, env)
+    start = checkpoint.restore_checkpoint(paths.work_dir, policy, optimizer)
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="rl-score") as pool:
+        run = RLRun(loaded, tasks, val, reward, s, env, scorer, ref, optimizer, rollout, pool, schedule)
+        return _loop(run, paths, options, start, bf16)
+
+
+def _loop(run: RLRun, paths: RLPaths, options: RunOptions, start: int, bf16: bool) -> dict | None:
+    s, env = run.settings, run.env
+    steps_log = StepLog(paths.metrics_dir / "steps.tsv", start, env.is_main, STEP_COLUMNS)
+    val_log = StepLog(paths.metrics_dir / "val.tsv", start, env.is_main, VAL_COLUMNS)
+    best = _Best.load(paths.work_dir) if start else _Best()
+    if start == 0:
+        _select(run, paths, best, 0, val_log)
+    bar = tqdm(range(start, s["steps"]), desc=f"rl {s['stage']}", disable=not env.is_main,
+               initial=start, total=s["steps"])
+    for step in bar:
+        row = rl_step(run, step)
+        steps_log.write(row)
+        bar.set_postfix(reward=f"{row['mean_reward']:.3f}", kept=f"{row['groups_kept']}/{row['groups']}")
+        done = step + 1
+        if done % s["eval_every_steps"] == 0 or done == s["steps"]:
+            _select(run, paths, best, done, val_log)
+        if options.stop_after_steps is not None and done >= options.stop_after_steps:
+            checkpoint.save_checkpoint(paths.work_dir, done, run.scorer.policy, run.optimizer, env)
+            return None
+        if done % s["save_every_steps"] == 0 and done < s["steps"]:
+            checkpoint.save_checkpoint(paths.work_dir, done, run.scorer.policy, run.optimizer, env)
+    summary = _finish(run, paths, best, steps_log, options)
+    barrier(env)
+    return summary
+
+
+@dataclass
+class _Best:
+    step: int = -1
+    val_reward: float | None = None
+    history: dict = field(default_factory=dict)
+
+    @classmethod
+    def load(cls, work_dir: Path) -> _Best:
+        path = Path(work_dir) / "best.json"
+        if not path.is_file():
+            return cls()
+        data = json.loads(path.read_text())
+        return cls(data["step"], data["val_reward"], {int(k): v for k, v in data["history"].items()})
+
+    def save(self, work_dir: Path) -> None:
+        data = {"step": self.step, "val_reward": self.val_reward, "history": self.history}
+        Path(work_dir, "best.json").write_text(json.dumps(data, sort_keys=True) + "\n")
+
+
+def _select(run: RLRun, paths: RLPaths, best: _Best, step: int, val_log: StepLog) -> None:
+    """Validate at `step`; keep the model if it is at least as good as the best so far."""
+    value = validate(run)
+    best.history[step] = value
+    val_log.write({"step": step, "val_reward": "" if value is None else value,
+                   "val_tasks": len(run.val.tasks)})
+    better = best.step < 0 or (value is not None and (best.val_reward is None or value >= best.val_reward))
+    if value is None:
+        better = True  # no validation data: the latest model is the output
+    if better:
+        best.step, best.val_reward = step, value
+        _save_model(run, Path(paths.work_dir) / "best")
+    if run.env.is_main:
+        best.save(paths.work_dir)
+    barrier(run.env)
+
+
+def _save_model(run: RLRun, folder: Path) -> None:
+    state = checkpoint.full_model_state(run.scorer.policy, run.env)
+    if run.env.is_main:
+        save_model(folder, run.loaded, state_dict=state,
+                   dtype=torch.bfloat16 if run.settings["bf16"] else torch.float32)
+    barrier(run.env)
+
+
+def _finish(run: RLRun, paths: RLPaths, best: _Best, steps_log: StepLog, options: RunOptions) -> dict:
+    rewards = steps_log.losses("mean_reward")
+    kept = steps_log.losses("groups_kept")
+    summary = {
+        "stage": run.settings["stage"], "steps": run.settings["steps"],
+        "best_step": best.step, "best_val_reward": best.val_reward,
+        "val_rewards": {str(k): v for k, v in sorted(best.history.items())},
+        "tasks": len(run.tasks.tasks), "prompts_dropped": run.tasks.dropped,
+        "val_tasks": len(run.val.tasks), "val_prompts_dropped": run.val.dropped,
+        "mean_reward_first": rewards[0] if rewards else None,
+        "mean_reward_last": rewards[-1] if rewards else None,
+        "groups_kept_total": int(sum(kept)),
+        "steps_without_update": sum(1 for k in kept if k == 0),
+    }
+    if summary["groups_kept_total"] == 0:
+        summary["note"] = ("no group had rewards that differed, so the policy was never updated; "
+                           "the output is the input checkpoint")
+    if run.env.is_main:
+        out = Path(paths.out_dir)
+        if out.exists():
+            shutil.rmtree(out)
+        shutil.copytree(Path(paths.work_dir) / "best", out)
+        write_summary(paths.metrics_dir / "summary.json", summary)
+        if not options.keep_checkpoints:
+            shutil.rmtree(paths.work_dir, ignore_errors=True)
+    return summary
+
+
+def run_fingerprint(settings: dict, tasks: EncodedTasks, val: EncodedTasks, loaded: LoadedModel,
+                    env: DistEnv) -> str:
+    """What a checkpoint must match to be resumed (settings, tasks, model, ranks)."""
+    import hashlib
+
+    digest = hashlib.sha256()
+    digest.update(json.dumps(settings, sort_keys=True).encode())
+    digest.update(json.dumps([[t.task_id, ids] for t, ids in zip(tasks.tasks, tasks.prompt_ids)]).encode())
+    digest.update(json.dumps([t.task_id for t in val.tasks]).encode())
+    digest.update(loaded.model.config.to_json_string().encode())
+    with torch.no_grad():  # the starting weights (a re-trained input checkpoint starts afresh)
+        sums = [float(p.double().sum()) for p in loaded.model.parameters()]
+    digest.update(json.dumps(sums).encode())
+    digest.update(loaded.settings.to_json().encode())
+    digest.update(str(env.world_size).encode())
+    return digest.hexdigest()

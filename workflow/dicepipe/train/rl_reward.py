@@ -1,0 +1,99 @@
+"""Rewards and advantages for the RL stages.
+
+A reward is any callable `reward(rollouts) -> list[float]` handed to the trainer from
+outside (as trl's GRPO takes reward functions): the stages pass `KernelReward`, tests pass
+toy ones. `KernelReward` scores the extracted code through one harness session that lives
+for the whole stage: 1 when the kernel compiled and is correct under a tolerance profile
+(robust verdict: a deceptive kernel earns 0), plus an optional bounded latency term.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+from ..data.extract import pick_block
+from .rl_tasks import Task
+
+
+@dataclass
+class Rollout:
+    task: Task
+    group: int  # index of its group within the step
+    prompt_ids: list[int]
+    token_ids: list[int]  # every committed token (Generation.trace_ids)
+    steps: list[int]
+    text: str  # decoded text (through the stop token)
+    text_len: int  # tokens of the text (the rest of the last block follows)
+    stopped: bool
+    code: str | None = None  # extracted: the first fenced block
+    reward: float = 0.0
+    info: dict = field(default_factory=dict)
+
+
+Reward = Callable[[Sequence[Rollout]], list[float]]
+
+
+def extract_code(text: str) -> str | None:
+    """The first fenced block, language tag dropped (the release's extraction)."""
+    code = pick_block(text, "first")
+    return code if code and code.strip() else None
+
+
+def latency_bonus(speedup_low: float | None, cap_speedup: float) -> float:
+    """In [0, 1]: log(speedup_low) / log(cap) clipped, the lower end of the harness's
+    speedup interval, so a kernel earns it only when faster with confidence and noise near
+    1.0x earns nothing; `cap_speedup` and above earn 1."""
+    if speedup_low is None or not math.isfinite(speedup_low) or speedup_low <= 1.0:
+        return 0.0
+    return min(1.0, math.log(speedup_low) / math.log(cap_speedup))
+
+
+class KernelReward:
+    """1 for compiled and correct (verdict under `profile`, robust if asked) + latency_weight
+    x latency_bonus. Speed is measured only when latency_weight > 0."""
+
+    def __init__(self, session, profile, *, robust: bool, backend: str, latency_weight: float = 0.0,
+                 latency_cap_speedup: float = 4.0):
+        self.session = session
+        self.profile = profile
+        self.robust = robust
+        self.backend = backend
+        self.latency_weight = latency_weight
+        self.latency_cap_speedup = latency_cap_speedup
+        self.calls = 0
+
+    def __call__(self, rollouts: Sequence[Rollout]) -> list[float]:
+        from ..harness import Job
+        from ..harness.verdict import is_correct
+
+        self.calls += 1
+        scored = [i for i, r in enumerate(rollouts) if r.code is not None]
+        rewards = [0.0] * len(rollouts)
+        if not scored:
+            return rewards
+        jobs = [Job(f"r{self.calls}-{i}", rollouts[i].task.reference_code, rollouts[i].code, self.backend)
+                for i in scored]
+        table = self.session.evaluate(jobs, progress=False, measure_speed=self.latency_weight > 0)
+        for i, row in zip(scored, table.to_pylist()):
+            correct = is_correct(row, self.profile, self.robust)
+            bonus = latency_bonus(row.get("speedup_low"), self.latency_cap_speedup) if correct else 0.0
+            rewards[i] = float(correct) + self.latency_weight * bonus
+            rollouts[i].info = {"compiled": bool(row.get("compiled")), "correct": correct}
+        return rewards
+
+
+def group_advantages(rewards: Sequence[float], group_size: int) -> tuple[list[float], list[bool]]:
+    """Per rollout (r - group mean) / group population std, and per group whether it is kept
+    (groups whose rewards are all equal carry no signal and are dropped; their advantages 0)."""
+    if len(rewards) % group_size:
+        raise ValueError(f"{len(rewards)} rewards do not split into groups of {group_size}")
+    values = torch.tensor(rewards, dtype=torch.float64).view(-1, group_size)
+    mean = values.mean(dim=1, keepdim=True)
+    std = values.std(dim=1, unbiased=False, keepdim=True)
+    kept = (values.max(dim=1).values > values.min(dim=1).values)
+    adv = torch.where(kept[:, None], (values - mean) / std.clamp(min=1e-12), torch.zeros_like(values))
+    return adv.flatten().tolist(), kept.tolist()

@@ -1,0 +1,112 @@
+"""Rollouts: a decoding copy of the policy, groups decoded with the Decoder, and scoring of
+each decoded chunk in a thread while the next chunk decodes (same weights: on-policy).
+
+The copy holds the policy's current weights in bf16 on GPU (fp32 on CPU) and is refreshed
+before every step's rollouts; under FSDP every rank gathers the full weights into its own
+copy and decodes its share of the groups.
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+import torch
+
+from ..model.decode import Decoder, DecodeSettings
+from .data import stable_seed
+from .parallel import DistEnv
+from .rl_reward import Reward, Rollout, extract_code
+from .rl_tasks import Task
+
+
+def decode_settings(settings: dict, greedy: bool = False) -> DecodeSettings:
+    """Rollouts sample (temperature, dynamic threshold); validation decodes greedily with
+    static remasking, as the release's evaluation during RL."""
+    return DecodeSettings(
+        max_new_tokens=settings["max_new_tokens"], denoising_steps=settings["denoising_steps"],
+        strategy="static" if greedy else settings["strategy"], threshold=settings["threshold"],
+        temperature=settings["temperature"], top_k=1 if greedy else 0, top_p=1.0, stop_at_end=True)
+
+
+class RolloutModel:
+    """A decoding copy of the policy's language model and its Decoder (kept across steps)."""
+
+    def __init__(self, lm, block_settings, env: DistEnv, *, compile_layers: bool = False):
+        dtype = torch.bfloat16 if env.device.type == "cuda" else torch.float32
+        self.lm = copy.deepcopy(lm).to(env.device, dtype).eval()
+        for p in self.lm.parameters():
+            p.requires_grad_(False)
+        self.env = env
+        self.decoder = Decoder(self.lm, block_settings, compile_layers=compile_layers)
+
+    @torch.no_grad()
+    def sync(self, policy) -> None:
+        """Copy the policy's current weights in (a gather of every shard under FSDP)."""
+        if self.env.distributed:
+            from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+            state = get_model_state_dict(policy, options=StateDictOptions(full_state_dict=True))
+            source = {k.removeprefix("lm."): v for k, v in state.items()}
+        else:
+            source = dict(policy.lm.named_parameters())
+        for name, param in self.lm.named_parameters():
+            param.copy_(source[name])
+
+
+@dataclass
+class RolloutTimes:
+    generate_s: float = 0.0
+    score_s: float = 0.0  # time inside reward calls (in the scoring thread)
+    score_wait_s: float = 0.0  # time the step waited for scoring after the last chunk decoded
+    tokens: int = 0
+
+
+def _rollouts_of(result, chunk, prompt_ids, group_ids, tokenizer) -> list[Rollout]:
+    out = []
+    for gen, (task, ids, group) in zip(result.generations, zip(chunk, prompt_ids, group_ids)):
+        text = tokenizer.decode(gen.token_ids, skip_special_tokens=True)
+        out.append(Rollout(task, group, list(ids), gen.trace_ids, gen.trace_steps, text,
+                           len(gen.token_ids), gen.stopped, extract_code(text)))
+    return out
+
+
+def roll_out(model: RolloutModel, groups: list[tuple[Task, list[int]]], *, group_size: int,
+             groups_per_call: int, cfg: DecodeSettings, tokenizer, reward: Reward, seed: int,
+             scorer: ThreadPoolExecutor) -> tuple[list[Rollout], RolloutTimes]:
+    """`group_size` rollouts of each (task, prompt ids); returns them with rewards set, in
+    group order. Chunks of `groups_per_call` groups decode in one Decoder call; each chunk
+    goes to the scorer as soon as it is decoded."""
+    times = RolloutTimes()
+    pending = []
+    for c, start in enumerate(range(0, len(groups), groups_per_call)):
+        chunk = groups[start : start + groups_per_call]
+        tasks = [task for task, _ in chunk for _ in range(group_size)]
+        prompts = [ids for _, ids in chunk for _ in range(group_size)]
+        group_ids = [start + g for g in range(len(chunk)) for _ in range(group_size)]
+        t0 = time.perf_counter()
+        result = model.decoder.generate(prompts, DecodeSettings(**{**cfg.__dict__, "seed": stable_seed(seed, c)}))
+        times.generate_s += time.perf_counter() - t0
+        rollouts = _rollouts_of(result, tasks, prompts, group_ids, tokenizer)
+        times.tokens += sum(len(r.token_ids) for r in rollouts)
+        pending.append((rollouts, scorer.submit(_timed, reward, rollouts)))
+    t0 = time.perf_counter()
+    out = []
+    for rollouts, future in pending:
+        rewards, seconds = future.result()
+        times.score_s += seconds
+        for r, value in zip(rollouts, rewards):
+            r.reward = float(value)
+        out += rollouts
+    times.score_wait_s = time.perf_counter() - t0
+    return out, times
+
+
+def _timed(reward: Reward, rollouts):
+    t0 = time.perf_counter()
+    values = reward(rollouts)
+    if len(values) != len(rollouts):
+        raise ValueError(f"the reward returned {len(values)} values for {len(rollouts)} rollouts")
+    return values, time.perf_counter() - t0

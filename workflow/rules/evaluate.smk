@@ -1,0 +1,40 @@
+# KernelBench evaluation of a scale's final model and its baselines (baselines.<scale>),
+# scored in one harness session. results/kernelbench_<scale>.csv is the product.
+
+
+rule evaluate:
+    input:
+        model=eval_model_dir,
+        benchmark=scale_benchmark_table,
+        code=code("stages/evaluate.py"),
+    output:
+        summary="results/kernelbench_{scale}.csv",
+        compare="results/kernelbench_compare_{scale}.csv",
+        tables=directory("results/kernelbench_{scale}"),
+        metrics="metrics/evaluate/{scale}/metrics.json",
+        levels="metrics/evaluate/{scale}/levels.png",
+        speedups="metrics/evaluate/{scale}/speedups.png",
+    log:
+        "logs/evaluate/{scale}.log",
+    conda:
+        "../../envs/dicepipe.yaml"
+    threads: threads_of("evaluate", "scale")
+    resources:
+        **resources_of("evaluate", "scale"),
+    params:
+        tracked=tracked(
+            "scales.{scale}",
+            "evaluate.defaults",
+            "evaluate.overrides.{scale}",
+            "evaluate.fast_p",
+            "evaluate.pass_k",
+            "evaluate.profiles",
+            "evaluate.code_block",
+            "baselines.{scale}",
+            "tolerance_profiles",
+            *HARNESS_MEASUREMENT,
+        ),
+    shell:
+        "dicepipe evaluate --scale {wildcards.scale} --model {input.model}"
+        " --benchmark {input.benchmark} --out-dir {output.tables} --summary {output.summary}"
+        " --compare {output.compare} --metrics metrics/evaluate/{wildcards.scale} --log {log}"
