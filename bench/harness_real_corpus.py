@@ -171,13 +171,26 @@ def corpus_jobs(corpus: Path, references: str, sources: Sequence[str] | None,
     return jobs[:limit] if limit else jobs
 
 
-def run_harness(jobs: list, settings, results_path: Path):
+def run_harness(jobs: list, settings, results_path: Path, budget_s: float | None = None,
+                chunk: int = 16) -> list[dict]:
+    """Rows of every job evaluated, in chunks through one warm session; with `budget_s`, no
+    new chunk starts once the budget is spent (what finished is kept and resumable)."""
     from dicepipe import harness
 
-    if hasattr(harness, "HarnessSession"):
-        with harness.HarnessSession(settings) as session:
-            return session.evaluate(jobs, results_path=results_path, progress=True)
-    return harness.evaluate(jobs, settings, results_path=results_path, progress=True)
+    began = time.monotonic()
+    rows: list[dict] = []
+    with harness.HarnessSession(settings) as session:
+        for start in range(0, len(jobs), chunk):
+            if budget_s is not None and time.monotonic() - began > budget_s:
+                print(f"budget of {budget_s:.0f} s spent: {len(rows)} of {len(jobs)} kernels "
+                      "done (run again to resume)", flush=True)
+                break
+            part = session.evaluate(jobs[start:start + chunk], results_path=results_path,
+                                    progress=False)
+            rows += part.to_pylist()
+            print(f"{len(rows)}/{len(jobs)} kernels at {time.monotonic() - began:.0f} s",
+                  flush=True)
+    return rows
 
 
 def load_profiles(params: Mapping | None) -> dict[str, ToleranceProfile]:
@@ -225,6 +238,10 @@ def main() -> None:
     parser.add_argument("--results", type=Path, default=None,
                         help="harness results Parquet, resumed if present (default <out>/results.parquet)")
     parser.add_argument("--params", default=str(ROOT / "params.yaml"))
+    parser.add_argument("--budget-s", type=float, default=None,
+                        help="start no new chunk of kernels after this many seconds")
+    parser.add_argument("--timing-trials", type=int, default=None,
+                        help="override harness.timing_trials (cuda)")
     parser.add_argument("--summarize-only", action="store_true",
                         help="judge an existing results Parquet; runs nothing")
     args = parser.parse_args()
@@ -242,11 +259,14 @@ def main() -> None:
         from dicepipe.harness import HarnessSettings
 
         jobs = corpus_jobs(args.corpus, args.references, args.sources, manifest, args.limit)
-        settings = HarnessSettings.from_params(params["harness"], repeats=1)
+        harness_params = dict(params["harness"])
+        if args.timing_trials:
+            harness_params["timing_trials"] = args.timing_trials
+        settings = HarnessSettings.from_params(harness_params, repeats=1)
         results.parent.mkdir(parents=True, exist_ok=True)
         print(f"{len(jobs)} kernels, references from {args.references}/", flush=True)
         began = time.monotonic()
-        result_rows = run_harness(jobs, settings, results).to_pylist()
+        result_rows = run_harness(jobs, settings, results, args.budget_s)
         print(f"harness: {time.monotonic() - began:.0f} s", flush=True)
     rows = per_kernel_rows(result_rows, manifest, profiles)
     summary = summarize(rows, list(profiles))

@@ -84,6 +84,11 @@ class RotatingInputs:
     def slot_of(self, call: int) -> int:
         return call % len(self.slots)
 
+    def redraw(self, k: int, salt: int) -> bool:
+        """New values into slot k's buffers in place (False if the task's shapes vary)."""
+        fresh = C.draw_inputs(self.get_inputs, self.seed + salt, self.device)
+        return _refill(self.slots[k], fresh)
+
     def next(self) -> tuple[int, list]:
         call = self.calls
         self.calls += 1
