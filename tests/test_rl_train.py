@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -125,9 +126,15 @@ def test_loss_matches_a_direct_computation():
 
 def test_resume_after_a_kill_reproduces_the_next_step(params, tmp_path, one_thread):
     settings = _settings(params, steps=3, kl_reference="frozen", kl_beta=0.01)
-    _run(tmp_path / "full", settings, RunOptions(keep_checkpoints=True))
+    full_summary, _ = _run(tmp_path / "full", settings, RunOptions(keep_checkpoints=True))
     assert _run(tmp_path / "cut", settings, RunOptions(stop_after_steps=1))[0] is None
+    # both runners delete a failed job's outputs (the metrics folder) before re-running it
+    shutil.rmtree(tmp_path / "cut" / "metrics", ignore_errors=True)
     summary, _ = _run(tmp_path / "cut", settings)
+    counted = ("groups_kept_total", "steps_without_update", "mean_reward_first", "val_rewards")
+    assert {k: summary[k] for k in counted} == {k: full_summary[k] for k in counted}
+    full_val = (tmp_path / "full" / "metrics" / "val.tsv").read_text()
+    assert (tmp_path / "cut" / "metrics" / "val.tsv").read_text() == full_val
     full = (tmp_path / "full" / "metrics" / "steps.tsv").read_text().splitlines()
     cut = (tmp_path / "cut" / "metrics" / "steps.tsv").read_text().splitlines()
     drop = [i for i, c in enumerate(full[0].split("\t")) if c.startswith(("time_", "gen_tokens_per_s"))]

@@ -129,7 +129,10 @@ def _run_sft_command(params: dict, tmp_path: Path, repo_root: Path, name: str, d
     data = tmp_path / "sft.parquet"
     if not data.exists():
         _write_split(data)
-    env = {**os.environ, "PYTHONPATH": str(repo_root / "workflow"), "OMP_NUM_THREADS": "1"}
+    # keep the caller's PYTHONPATH after ours (packages carried beside the interpreter's)
+    path = os.pathsep.join(p for p in (str(repo_root / "workflow"),
+                                       os.environ.get("PYTHONPATH")) if p)
+    env = {**os.environ, "PYTHONPATH": path, "OMP_NUM_THREADS": "1"}
     subprocess.run([sys.executable, "-m", "dicepipe.cli", "sft", "--params", str(out / "params.yaml"),
                     "--scale", "tiny", "--data", str(data), "--device", device,
                     "--out", str(out / "model"), "--metrics", str(out / "metrics"), *extra],

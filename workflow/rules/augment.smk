@@ -14,7 +14,7 @@ rule augment:
         **resources_of("augment", "corpus"),
     params:
         tracked=tracked(
-            "corpora.{corpus}", "augment", *HARNESS_MEASUREMENT, "tolerance_profiles"
+            "corpora.{corpus}", "augment", *HARNESS_JUDGED, "tolerance_profiles"
         ),
     shell:
         "dicepipe augment --corpus {wildcards.corpus} --out data/augment/{wildcards.corpus}"

@@ -39,16 +39,18 @@ def candidates_from_texts(tasks: Sequence[Mapping], texts: Sequence[Sequence[str
             if code is not None:
                 path.write_text(code)
             out.append(Candidate(task["task_id"], sample, code,
-                                 _relative(path, relative_to) if code is not None else "",
+                                 _relative(path, relative_to, kernels_dir) if code is not None else "",
                                  "" if code is not None else "no_code_block"))
     return out
 
 
-def _relative(path: Path, base: Path) -> str:
+def _relative(path: Path, base: Path, folder: Path) -> str:
+    """The path as artifacts record it: relative to the working directory, or, for a folder
+    elsewhere, `<folder name>/<path inside it>` (never an absolute path)."""
     try:
         return str(path.resolve().relative_to(base.resolve()))
     except ValueError:
-        return str(path)
+        return str(Path(folder.resolve().name) / path.resolve().relative_to(folder.resolve()))
 
 
 def read_folder(folder: Path, tasks: Sequence[Mapping], relative_to: Path) -> list[Candidate]:
@@ -82,7 +84,7 @@ def read_folder(folder: Path, tasks: Sequence[Mapping], relative_to: Path) -> li
             path = found.get((task["task_id"], sample))
             code = path.read_text() if path is not None else None
             out.append(Candidate(task["task_id"], sample, code,
-                                 _relative(path, relative_to) if path is not None else "",
+                                 _relative(path, relative_to, folder) if path is not None else "",
                                  "" if path is not None else "missing_file"))
     return out
 

@@ -79,10 +79,22 @@ def _task_scores(samples: Sequence[Mapping], profile: ToleranceProfile, robust: 
     return out
 
 
+def reference_usable(record: Mapping, profile: ToleranceProfile) -> bool:
+    """The task's reference ran and agreed with a copy of itself within `profile` (a
+    reference that only agrees with itself at 1e-3, nondeterministic atomics say, cannot
+    judge candidates at 1e-4: under that profile the task is a reference failure)."""
+    if not record["reference_ok"]:
+        return False
+    needed = record.get("reference_tolerance_needed")
+    if needed is None:
+        return True
+    return float(needed) <= profile.allowed(record.get("reference_output_precision"))
+
+
 def score_group(records: Sequence[Mapping], profile: ToleranceProfile, robust: bool,
                 fast_p: Sequence[float], pass_k: Sequence[int]) -> dict:
     """The metrics of one group of tasks (a level, or all) under one verdict."""
-    by_task = _by_task(r for r in records if r["reference_ok"])
+    by_task = _by_task(r for r in records if reference_usable(r, profile))
     tasks = [_task_scores(samples, profile, robust, fast_p) for samples in by_task.values()]
     out: dict = {"exec": _mean([t["exec"] for t in tasks])}
     for p in fast_p:
@@ -122,6 +134,8 @@ def summarize(records: Sequence[Mapping], system: str, profiles: Sequence[Tolera
                "compiled": _mean([float(bool(r.get("result") and r["result"].get("compiled")))
                                   for r in group if r["task_id"] in ok])}
         for profile in profiles:
+            usable = {r["task_id"] for r in group if reference_usable(r, profile)}
+            row[f"{profile.name}.reference_failed"] = len(tasks) - len(usable)
             for verdict_name, robust in VERDICTS:
                 scores = score_group(group, profile, robust, fast_p, pass_k)
                 for name in metric_names(fast_p, pass_k):

@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from ..harness.verdict import ToleranceProfile, verdict
-from .metrics import VERDICTS
+from .metrics import VERDICTS, reference_usable
 
 TASK_COLUMNS = ("system", "task_id", "level", "problem_id", "name", "sample", "reference_ok",
                 "reference_error", "has_code", "note", "kernel_path", "compiled")
@@ -53,7 +53,8 @@ def task_rows(records: Sequence[Mapping], system: str,
         for profile in profiles:
             for name, robust in VERDICTS:
                 row[f"{profile.name}.{name}.correct"] = (
-                    record["reference_ok"] and verdict(result or None, profile=profile, robust=robust))
+                    reference_usable(record, profile)
+                    and verdict(result or None, profile=profile, robust=robust))
         row["flags"] = ";".join(k[5:] for k in sorted(result) if k.startswith("flag_") and result[k])
         for key in RESULT_COLUMNS:
             row[key] = result.get(key)

@@ -75,12 +75,17 @@ def make_records(tasks: Sequence[Mapping], candidates: Sequence[Candidate],
     records = []
     for cand in candidates:
         task = by_id[cand.task_id]
-        ok, why = reference_status(checks.get(job_id(cand.task_id, REFERENCE_SAMPLE)))
+        check = checks.get(job_id(cand.task_id, REFERENCE_SAMPLE)) or {}
+        ok, why = reference_status(check or None)
         records.append({
             "task_id": cand.task_id, "level": int(task["level"]), "problem_id": int(task["problem_id"]),
             "name": task["name"], "sample": int(cand.sample), "reference_ok": ok,
             "reference_error": why, "has_code": cand.code is not None, "note": cand.note,
             "kernel_path": cand.kernel_path,
+            # how closely the reference agreed with itself: a profile stricter than that
+            # cannot judge this task (metrics.reference_usable)
+            "reference_tolerance_needed": check.get("tolerance_needed"),
+            "reference_output_precision": check.get("output_precision"),
             "result": results.get(job_id(cand.task_id, cand.sample)) if cand.code is not None else None,
         })
     return records

@@ -106,6 +106,12 @@ def _evaluate(msg: dict, ctx, counter, resolver, guard) -> tuple[dict, list[str]
         if isinstance(exc, KeyboardInterrupt):
             raise
         row.update(error=_format(exc), error_phase=ctx.current_phase)
+        if (ctx.current_phase or "").startswith(("timing", "post")):
+            # right on the correctness trials, then raised under repeated calls: a kernel
+            # that fails when run again is not correct (as a worker timeout there is not)
+            row["correct"] = False
+            for name, empty in TIMING_COLUMNS.items():
+                row[name] = empty() if callable(empty) else empty
     finally:
         for name in names:
             forget_module(name)

@@ -36,7 +36,9 @@ log = logging.getLogger(__name__)
 FLUSH_EVERY_S = 60.0
 # Rows remembered for de-duplication (LRU); a row is a few kB, so a few tens of MB at most.
 MEMO_ROWS = 20_000
-_TRANSIENT_PHASES = ("harness", "worker:start")  # not the candidate's doing: never memoized
+# Not the candidate's doing (the harness or a worker failed to start, or failed around the
+# job): never memoized in the session, never reused from a results file.
+_TRANSIENT_PHASES = ("harness", "worker:start", "worker:job")
 
 
 @dataclass
@@ -61,7 +63,8 @@ class CallSummary:
 def _reusable(stored: dict, key: str) -> bool:
     """Same content, and a row of today's schema (a row from before a column was added is
     measured again rather than shown with that column missing)."""
-    return stored.get("content_key") == key and all(n in stored for n in RESULT_SCHEMA.names)
+    return (stored.get("content_key") == key and all(n in stored for n in RESULT_SCHEMA.names)
+            and (stored.get("error_phase") or "") not in _TRANSIENT_PHASES)
 
 
 def copy_row(row: dict, job_id: str) -> dict:

@@ -28,7 +28,7 @@ MEASUREMENT_FIELDS = (
     "repeats", "decision_thresholds", "kernelbench_timing",
 )
 # Read by the stages that judge rows, never by the harness (no row changes with it): stages
-# track it as a parameter, but a stored row is reused whatever its value.
+# that read it (augment) track it as a parameter, but a stored row is reused whatever its value.
 JUDGEMENT_FIELDS = ("robust",)
 OPERATIONAL_FIELDS = (
     "build_timeout_s", "build_workers", "use_pch", "cuda_light_headers", "cache_dir", "devices",

@@ -113,15 +113,18 @@ def run(args, params: dict) -> int:
     profiles = [tolerance_profile(name, params["tolerance_profiles"]) for name in section["profiles"]]
     tasks = read_table(args.benchmark, BENCHMARK_SCHEMA).to_pylist()
     out_dir = Path(args.out_dir)
-    shutil.rmtree(out_dir, ignore_errors=True)
     systems = _systems(args, params)
     folders = {s["name"]: out_dir if s["name"] == "model" else out_dir / "baselines" / s["name"]
                for s in systems}
     candidates, generations = {}, {}
+    for system in systems:  # folder baselines are read before this stage's outputs go
+        if "folder" in system:
+            candidates[system["name"]] = read_folder(Path(system["folder"]), tasks, Path.cwd())
+    shutil.rmtree(out_dir, ignore_errors=True)
     for system in systems:  # generation first: the GPU is free again before the harness runs
         name = system["name"]
         if "folder" in system:
-            candidates[name] = read_folder(Path(system["folder"]), tasks, Path.cwd())
+            continue
         else:
             candidates[name], generations[name] = _generate(
                 system, tasks, scale.backend, gen_settings, folders[name], section["code_block"],

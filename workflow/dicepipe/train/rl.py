@@ -14,13 +14,12 @@ validation reward (the latest among equals), and the metrics name its step.
 
 from __future__ import annotations
 
-import logging
-import math
+import copy
 import json
+import logging
 import shutil
 import time
 from concurrent.futures import ThreadPoolExecutor
-import copy
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -45,13 +44,14 @@ STEP_COLUMNS = ("step", "tasks", "rollouts", "mean_reward", "groups", "groups_ke
                 "gen_tokens_per_s", "time_generate_s", "time_score_s", "time_score_wait_s",
                 "time_train_s")
 VAL_COLUMNS = ("step", "val_reward", "val_tasks")
+LOG_NAMES = ("steps.tsv", "val.tsv")  # written in the work folder, copied to metrics at the end
 
 
 @dataclass(frozen=True)
 class RLPaths:
     out_dir: Path  # the selected (best) checkpoint
-    metrics_dir: Path  # steps.tsv, val.tsv, summary.json
-    work_dir: Path  # resumable checkpoints and the best model so far
+    metrics_dir: Path  # steps.tsv, val.tsv (copied from work_dir at the end), summary.json
+    work_dir: Path  # resumable checkpoints, the best model so far and the step logs
 
 
 @dataclass(frozen=True)
@@ -165,8 +165,10 @@ def run_rl(loaded: LoadedModel, tasks: EncodedTasks, val: EncodedTasks, reward: 
 
 def _loop(run: RLRun, paths: RLPaths, options: RunOptions, start: int, bf16: bool) -> dict | None:
     s, env = run.settings, run.env
-    steps_log = StepLog(paths.metrics_dir / "steps.tsv", start, env.is_main, STEP_COLUMNS)
-    val_log = StepLog(paths.metrics_dir / "val.tsv", start, env.is_main, VAL_COLUMNS)
+    # The logs live next to the checkpoints: both runners delete a failed job's outputs
+    # (the metrics folder) before re-running it, and the summary counts every step's row.
+    steps_log = StepLog(Path(paths.work_dir) / LOG_NAMES[0], start, env.is_main, STEP_COLUMNS)
+    val_log = StepLog(Path(paths.work_dir) / LOG_NAMES[1], start, env.is_main, VAL_COLUMNS)
     best = _Best.load(paths.work_dir) if start else _Best()
     if start == 0:
         _select(run, paths, best, 0, val_log)
@@ -255,10 +257,21 @@ def _finish(run: RLRun, paths: RLPaths, best: _Best, steps_log: StepLog, options
         if out.exists():
             shutil.rmtree(out)
         shutil.copytree(Path(paths.work_dir) / "best", out)
+        publish_logs(paths.work_dir, paths.metrics_dir)
         write_summary(paths.metrics_dir / "summary.json", summary)
         if not options.keep_checkpoints:
             shutil.rmtree(paths.work_dir, ignore_errors=True)
     return summary
+
+
+def publish_logs(work_dir: Path, metrics_dir: Path) -> None:
+    """Copy the step logs from the work folder into the metrics folder (the declared outputs);
+    each lands whole under its name, so a kill mid-copy leaves no half file there."""
+    Path(metrics_dir).mkdir(parents=True, exist_ok=True)
+    for name in LOG_NAMES:
+        tmp = Path(metrics_dir) / (name + ".tmp")
+        shutil.copyfile(Path(work_dir) / name, tmp)
+        tmp.replace(Path(metrics_dir) / name)
 
 
 def run_fingerprint(settings: dict, tasks: EncodedTasks, val: EncodedTasks, loaded: LoadedModel,

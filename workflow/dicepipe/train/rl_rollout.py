@@ -23,11 +23,12 @@ from .rl_tasks import Task
 
 
 def decode_settings(settings: dict, greedy: bool = False) -> DecodeSettings:
-    """Rollouts sample (temperature, dynamic threshold); validation decodes greedily with
-    static remasking, as the release's evaluation during RL."""
+    """Rollouts sample (temperature, dynamic threshold); validation decodes greedily as the
+    evaluation does (the release's greedy static remasking: top-1 sampling gives every
+    masked position confidence 1, so the tie goes to the leftmost, i.e. `sequential`)."""
     return DecodeSettings(
         max_new_tokens=settings["max_new_tokens"], denoising_steps=settings["denoising_steps"],
-        strategy="static" if greedy else settings["strategy"], threshold=settings["threshold"],
+        strategy="sequential" if greedy else settings["strategy"], threshold=settings["threshold"],
         temperature=settings["temperature"], top_k=1 if greedy else 0, top_p=1.0, stop_at_end=True)
 
 
