@@ -193,3 +193,18 @@ def test_light_headers_leave_other_sources_alone(tmp_path, monkeypatch, text, li
     note = nvcc_split.compile_cuda({"in": ["cuda.cu"], "command": "nvcc"}, tmp_path, tmp_path,
                                    [], light_headers=light)
     assert seen == [text] and note == "host-pch:built"
+
+
+def test_only_precompiled_header_trouble_triggers_a_build_without_it():
+    from dicepipe.harness.builder import _PCH_TROUBLE
+
+    ordinary = ("In file included from <python>/torch/include/torch/extension.h:6,\n"
+                "                 from <cache>/<build>/main.cpp:1:\n"
+                "main.cpp:4:61: error: 'kernel' was not declared in this scope")
+    assert not _PCH_TROUBLE.search(ordinary)
+    for trouble in ("warning: <cache>/pch/abc/torch/extension.h.gch: not used because "
+                    "`__OPTIMIZE__' not defined [-Winvalid-pch]",
+                    "cc1plus: error: one or more PCH files were found, but they were invalid;"
+                    " precompiled header was invalid",
+                    "main.cpp:1:10: fatal error: torch/extension.h: No such file or directory"):
+        assert _PCH_TROUBLE.search(trouble), trouble

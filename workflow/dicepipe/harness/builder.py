@@ -115,8 +115,11 @@ def _compile(spec: dict, key: str, folder: Path, cache: Path, use_pch: bool,
     return status
 
 
-# A failure that may come from the precompiled header rather than the candidate's source.
-_PCH_TROUBLE = re.compile(r"\.gch|precompiled|torch/extension\.h")
+# A failure that may come from the precompiled header rather than the candidate's source:
+# gcc naming the .gch or refusing it, or the header itself not found. Not any error whose
+# include chain passes through torch/extension.h (every error in main.cpp does): retrying
+# those compiled every broken candidate twice, nvcc included.
+_PCH_TROUBLE = re.compile(r"\.gch\b|precompiled header|torch/extension\.h: No such file")
 
 
 def _run_build(spec: dict, name: str, sources: list[str], folder: Path, with_cuda: bool,
