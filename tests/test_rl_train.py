@@ -162,3 +162,19 @@ def test_stage_runs_when_every_group_is_dropped_and_selects_on_validation(params
     saved = json.loads((paths.metrics_dir / "summary.json").read_text())
     assert saved["best_step"] == 2
     assert (paths.metrics_dir / "val.tsv").read_text().splitlines()[0] == "step\tval_reward\tval_tasks"
+
+
+def test_rollout_copy_is_built_on_the_device_and_computes_the_same():
+    from dicepipe.train.rl_rollout import device_copy
+
+    lm = _loaded().model.eval()
+    clone = device_copy(lm, torch.device("cpu"), torch.float32).eval()
+    assert all(p.data_ptr() != q.data_ptr() for p, q in zip(lm.parameters(), clone.parameters()))
+    ids = torch.arange(1, 13).unsqueeze(0) % VOCAB
+    with torch.no_grad():
+        want = lm(input_ids=ids).logits
+        got = clone(input_ids=ids).logits
+    assert torch.equal(want, got)  # rotary buffers (non-persistent) included
+    with torch.no_grad():
+        next(clone.parameters()).add_(1.0)
+    assert not torch.equal(next(lm.parameters()), next(clone.parameters()))
