@@ -123,9 +123,7 @@ def run(args, params: dict) -> int:
     shutil.rmtree(out_dir, ignore_errors=True)
     for system in systems:  # generation first: the GPU is free again before the harness runs
         name = system["name"]
-        if "folder" in system:
-            continue
-        else:
+        if "folder" not in system:
             candidates[name], generations[name] = _generate(
                 system, tasks, scale.backend, gen_settings, folders[name], section["code_block"],
                 args.download, RESUME_DIR / args.scale)
