@@ -76,3 +76,14 @@ def kernelbench_parquet() -> Path:
     if not SHARED_KERNELBENCH.is_file():
         pytest.skip("../shared/data/kernelbench is absent")
     return SHARED_KERNELBENCH
+
+
+@pytest.fixture()
+def one_thread():
+    """Many tiny training steps: one thread avoids OpenMP spin-waits on a small or busy machine."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)

@@ -9,7 +9,6 @@ import json
 import shutil
 from pathlib import Path
 
-import pytest
 import torch
 from dicepipe.model.loading import LoadedModel
 from dicepipe.model.settings import BlockSettings
@@ -60,14 +59,6 @@ def _settings(params, **changes) -> dict:
              micro_batch_traces=4, kl_beta=0.0, eval_every_steps=1000, steps=30, strategy="dynamic")
     s.update(changes)
     return s
-
-
-@pytest.fixture()
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def _run(tmp, settings, options=RunOptions(), val=None, reward=early_target_reward):

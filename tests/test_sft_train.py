@@ -34,15 +34,6 @@ def _settings(params: dict, **changes) -> dict:
     return settings
 
 
-@pytest.fixture()
-def one_thread():
-    """Many tiny steps: one thread avoids OpenMP spin-waits on a small or busy machine."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 def test_tiny_sft_learns_and_greedy_decoding_reproduces_a_response(params, tmp_path, one_thread):
     tokenizer = train_tiny_tokenizer([t for pair in zip(PROMPTS, RESPONSES) for t in pair], 2048)
     loaded = build_tiny(params["models"]["tiny"], tokenizer)
