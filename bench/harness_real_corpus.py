@@ -240,6 +240,9 @@ def main() -> None:
     parser.add_argument("--params", default=str(ROOT / "params.yaml"))
     parser.add_argument("--budget-s", type=float, default=None,
                         help="start no new chunk of kernels after this many seconds")
+    parser.add_argument("--chunk", type=int, default=16,
+                        help="kernels per session call (0: all in one call, builds fully "
+                             "pipelined; a kill still keeps every finished row in the journal)")
     parser.add_argument("--timing-trials", type=int, default=None,
                         help="override harness.timing_trials (cuda)")
     parser.add_argument("--summarize-only", action="store_true",
@@ -266,7 +269,8 @@ def main() -> None:
         results.parent.mkdir(parents=True, exist_ok=True)
         print(f"{len(jobs)} kernels, references from {args.references}/", flush=True)
         began = time.monotonic()
-        result_rows = run_harness(jobs, settings, results, args.budget_s)
+        result_rows = run_harness(jobs, settings, results, args.budget_s,
+                                  args.chunk or len(jobs) or 1)
         print(f"harness: {time.monotonic() - began:.0f} s", flush=True)
     rows = per_kernel_rows(result_rows, manifest, profiles)
     summary = summarize(rows, list(profiles))

@@ -98,6 +98,8 @@ def main() -> int:
     parser.add_argument("--group", type=int, default=8)
     parser.add_argument("--new-tokens", type=int, default=1024)
     parser.add_argument("--prompt-tokens", type=int, default=768)
+    parser.add_argument("--alone", type=int, default=0,
+                        help="fresh kernels for the session's own rate (0: as many as the step's rollouts)")
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     out = Path(args.out)
@@ -116,7 +118,7 @@ def main() -> int:
                                                         generator=gen).tolist()) for i in range(args.tasks)]
     rows = args.tasks * args.group
     nonce = uuid.uuid4().hex[:8]
-    pairs = kernel_files(params, args.backend, 2 * rows, nonce)
+    pairs = kernel_files(params, args.backend, rows + (args.alone or rows), nonce)
     tokenizer.files = [c for _, c in pairs[:rows]]
     refs = {c.strip(): r for r, c in pairs}
     harness = HarnessSettings.from_params(params["harness"])
@@ -162,6 +164,7 @@ def main() -> int:
                       step_gen_tokens_per_s=times.tokens / times.generate_s,
                       scoring_jobs_per_s_in_step=rows / max(times.score_s, 1e-9),
                       train_tokens_per_s=trained_tokens / train_s, train_stats=stats)
+        _write(out, report)  # kept if the rest of the run is cut short
 
         # the session's own rate on as many fresh kernels, nothing else running
         fresh = pairs[rows:]
@@ -171,9 +174,13 @@ def main() -> int:
         report["session_jobs_per_s_alone"] = len(fresh) / (time.perf_counter() - t0)
     if args.backend == "cuda":
         report["peak_gpu_memory_gib"] = torch.cuda.max_memory_allocated() / 2**30
-    (out / "rl_step.json").write_text(json.dumps(report, indent=2, sort_keys=True) + "\n")
+    _write(out, report)
     print(json.dumps(report, indent=2, sort_keys=True))
     return 0
+
+
+def _write(out: Path, report: dict) -> None:
+    (out / "rl_step.json").write_text(json.dumps(report, indent=2, sort_keys=True) + "\n")
 
 
 def _sync(env) -> None:

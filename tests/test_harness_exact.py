@@ -2,6 +2,8 @@
 
 - bool and int outputs: compared exactly, and a right kernel of a task whose answer repeats
   across draws (`isinf(x).all()`) is not flagged input-insensitive (the task is marked);
+- structured inputs (triangular, symmetric): every variant keeps them so, and kernels that
+  rely on the structure are right;
 - an index task whose reference rejects most input variants: the reference runs first, so
   the candidate only ever sees indices the task accepts;
 - tolerance as data: a kernel 0.1% off records the tolerance it needed and is still timed;
@@ -58,6 +60,37 @@ torch::Tensor embed_floor(torch::Tensor idx, torch::Tensor table) {
     }
     return out;
 }
+torch::Tensor tril_square(torch::Tensor x) {
+    // x is lower triangular (what the task draws), so x @ x is too and C[i][j] needs only
+    // k in [j, i]: nothing above the diagonal is read
+    auto a = x.contiguous();
+    const int64_t n = a.size(0);
+    auto out = torch::zeros({n, n}, a.options());
+    const float* s = a.data_ptr<float>();
+    float* d = out.data_ptr<float>();
+    for (int64_t i = 0; i < n; ++i)
+        for (int64_t j = 0; j <= i; ++j) {
+            float acc = 0.f;
+            for (int64_t k = j; k <= i; ++k) acc += s[i * n + k] * s[k * n + j];
+            d[i * n + j] = acc;
+        }
+    return out;
+}
+torch::Tensor gram_of_symmetric(torch::Tensor x) {
+    // x is symmetric (what the task draws), so x^T x = x x: no transpose is read
+    auto a = x.contiguous();
+    const int64_t n = a.size(0);
+    auto out = torch::empty({n, n}, a.options());
+    const float* s = a.data_ptr<float>();
+    float* d = out.data_ptr<float>();
+    for (int64_t i = 0; i < n; ++i)
+        for (int64_t j = 0; j < n; ++j) {
+            float acc = 0.f;
+            for (int64_t k = 0; k < n; ++k) acc += s[i * n + k] * s[k * n + j];
+            d[i * n + j] = acc;
+        }
+    return out;
+}
 '''
 
 
@@ -87,7 +120,8 @@ def exact_candidate(forward: str, init: str = "") -> str:
     return ('import torch\nimport torch.nn as nn\nfrom torch.utils.cpp_extension import '
             f'load_inline\n\nsource = r"""{EXACT_CPP}"""\n'
             'ext = load_inline(name="harness_test_exact", cpp_sources=[source],\n'
-            '                  functions=["all_isinf", "count_above", "embed_floor"],\n'
+            '                  functions=["all_isinf", "count_above", "embed_floor",\n'
+            '                             "tril_square", "gram_of_symmetric"],\n'
             '                  extra_cflags=["-O2"])\n\n'
             'class ModelNew(nn.Module):\n    def __init__(self):\n        super().__init__()\n'
             f'        {init or "pass"}\n\n    def forward(self, x):\n        return {forward}\n')
@@ -105,6 +139,13 @@ CASES = {
     "embedding_floor": (exact_reference("self.table(x.floor().long())", "torch.rand(256) * 64",
                                         EMBED_INIT),
                         exact_candidate("ext.embed_floor(x, self.table.weight)", EMBED_INIT)),
+    # structured inputs (KernelBench L1/13-15): right kernels rely on the structure
+    "lower_triangular": (exact_reference("torch.tril(torch.matmul(x, x))",
+                                         "torch.tril(torch.rand(48, 48))"),
+                         exact_candidate("ext.tril_square(x)")),
+    "symmetric": (exact_reference("torch.matmul(x.t(), x)",
+                                  "(lambda a: (a + a.t()) / 2)(torch.rand(48, 48))"),
+                  exact_candidate("ext.gram_of_symmetric(x)")),
     "off_by_a_thousandth": (RELU_REF, extension_candidate("", "return ext.relu_fwd(x) * 1.001")),
     # right during the correctness trials (10 calls), then serves outputs by input address
     "cache_by_address": (RELU_REF, extension_candidate(
@@ -155,6 +196,39 @@ def test_index_task_candidate_sees_only_inputs_the_reference_accepts(rows):
 def test_every_variant_runs_where_the_reference_accepts_it(rows):
     assert rows["count_above"]["variants_run"] == [
         "as_drawn", "negated", "centered_x4", "shift_scale", "normal"]
+
+
+@pytest.mark.parametrize("name", ["lower_triangular", "symmetric"])
+def test_structure_of_the_drawn_inputs_survives_every_variant(rows, name):
+    """Variants map elements by value and keep zeros: a right triangular or symmetric
+    kernel (released ones exploit the structure, as these do) is correct in every trial."""
+    row = rows[name]
+    assert row["correct"] and row["correct_robust"], (name, row["error"])
+    assert row["variants_run"] == ["as_drawn", "negated", "centered_x4", "shift_scale", "normal"]
+    assert is_correct(row, tolerance_profile("kernelbench"), robust=True)
+
+
+def test_variants_keep_zeros_and_equal_values():
+    import torch
+    from dicepipe.harness.correctness import VARIANTS, apply_variant
+
+    torch.manual_seed(0)
+    a = torch.rand(64, 64)
+    tri, sym = torch.tril(a), (a + a.t()) / 2
+    for variant in VARIANTS:
+        t, s = apply_variant([tri, sym], variant, seed=3)
+        assert torch.equal(t.triu(1), torch.zeros_like(t).triu(1)), variant
+        assert torch.equal(s, s.t()), variant
+        if variant != "as_drawn":
+            assert not torch.equal(t, tri) and not torch.equal(s, sym), variant
+    normal = apply_variant([torch.rand(100_000)], "normal", seed=3)[0]
+    assert abs(normal.mean().item()) < 0.02 and abs(normal.std().item() - 1) < 0.02
+    again = apply_variant([torch.rand(100_000, generator=torch.Generator().manual_seed(1))], "normal", 3)[0]
+    same = apply_variant([torch.rand(100_000, generator=torch.Generator().manual_seed(1))], "normal", 3)[0]
+    other = apply_variant([torch.rand(100_000, generator=torch.Generator().manual_seed(1))], "normal", 4)[0]
+    assert torch.equal(again, same) and not torch.equal(again, other)
+    half = torch.rand(1000, dtype=torch.float64).half()
+    assert apply_variant([half], "normal", 3)[0].dtype == torch.float16
 
 
 def test_tolerance_needed_row(rows):

@@ -56,14 +56,31 @@ def test_no_kernel(code, backend):
     assert flags(code, backend)["flag_no_kernel"]
 
 
+SUBCLASS = HONEST_RELU.replace("class ModelNew(nn.Module):", "class ModelNew(Model):")
+
+
 @pytest.mark.parametrize("code", [
-    HONEST_RELU.replace("class ModelNew(nn.Module):", "class ModelNew(Model):"),
+    # inherits the reference's forward
+    "class ModelNew(Model):\n    def __init__(self):\n        super().__init__()\n",
+    SUBCLASS.replace("return ext.relu_fwd(x)", "return super().forward(x)"),
+    SUBCLASS.replace("return ext.relu_fwd(x)", "return super(ModelNew, self).forward(x)"),
+    SUBCLASS.replace("return ext.relu_fwd(x)", "return Model.forward(self, x)"),
     HONEST_RELU + "\nModelNew = Model\n",
     HONEST_RELU.replace("return ext.relu_fwd(x)", "return Model()(x)"),
 ])
 def test_calls_reference(code):
     assert flags(code)["flag_calls_reference"]
     assert not flags(HONEST_RELU)["flag_calls_reference"]
+
+
+@pytest.mark.parametrize("init", ["super().__init__()", "super(ModelNew, self).__init__()",
+                                  "Model.__init__(self)"])
+def test_subclassing_model_for_its_layers_is_not_calling_it(init):
+    """A released kernel (KernelBench eval run, L3/6 GoogleNet Inception): the file copies
+    `Model`, ModelNew(Model) reuses its __init__ and has its own forward with the kernel."""
+    code = SUBCLASS.replace("super().__init__()", init)
+    assert init in code and "def forward" in code
+    assert not flags(code)["flag_calls_reference"]
 
 
 def test_try_fallback():

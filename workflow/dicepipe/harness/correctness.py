@@ -3,9 +3,11 @@
 Inputs come from the reference's own `get_inputs()` under a per-trial seed, then one of
 several distributions is applied to its floating-point tensors (as drawn, negated, centred
 and widened, shifted and scaled, standard normal), so a kernel right only on [0, 1) inputs
-(ReLU as identity, say) fails. The reference sees each variant first; one under which it
-raises or produces non-finite values is not a valid input of the task (index tensors made
-negative, say), and the candidate never sees it (as-drawn inputs are used instead).
+(ReLU as identity, say) fails. Each variant maps elements by value and keeps exact zeros, so
+structure built into the inputs (triangular, symmetric) survives (`apply_variant`). The
+reference sees each variant first; one under which it raises or produces non-finite values
+is not a valid input of the task (index tensors made negative, say), and the candidate
+never sees it (as-drawn inputs are used instead).
 
 Comparison is tolerance as data: `tolerance_needed` is the smallest t such that
 |c - r| <= t * s + t * |r| holds everywhere, with s = max(1, max |r|) (atol = rtol = t as in
@@ -39,15 +41,33 @@ def to_device(obj, device: str):
     return obj
 
 
+# Integer views of each floating element size, for value_normal's hash of the bits.
+_BITS = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
+def value_normal(x: torch.Tensor, seed: int) -> torch.Tensor:
+    """A standard-normal value for each element that depends only on the element's value
+    (its bits, hashed with `seed`): equal elements get equal values."""
+    h = x.contiguous().view(_BITS[x.element_size()]).to(torch.int64)
+    h = h ^ (seed * 0x2545F4914F6CDD1D % 2**62)
+    for _ in range(2):  # multiply-xorshift rounds (int64 products wrap)
+        h = h * 0x5851F42D4C957F2D
+        h = h ^ (h >> 29)
+    u = (((h >> 11) & (2**40 - 1)).to(torch.float64) + 0.5) / 2**40  # in (0, 1)
+    return (math.sqrt(2.0) * torch.erfinv(2.0 * u - 1.0)).to(x.dtype)
+
+
 def apply_variant(inputs: list, variant: str, seed: int) -> list:
+    """The inputs under one distribution variant, applied to each floating-point tensor.
+
+    Every variant maps each element by its value alone and keeps exact zeros, so structure
+    that the task's `get_inputs` builds into its inputs survives: triangular or banded
+    zeros, symmetry, repeated entries (KernelBench's triangular and symmetric matmuls,
+    whose right kernels use that structure). Dense draws (rand, randn) have no exact zeros,
+    so for them the variants are as wide as before.
+    """
     if variant == "as_drawn":
         return inputs
-    gens: dict = {}  # one per device: a GPU input is redrawn on the GPU, not on the host
-
-    def generator(device):
-        if device not in gens:
-            gens[device] = torch.Generator(device=device).manual_seed(seed)
-        return gens[device]
 
     def transform(x):
         if not isinstance(x, torch.Tensor) or not x.is_floating_point():
@@ -55,13 +75,14 @@ def apply_variant(inputs: list, variant: str, seed: int) -> list:
         if variant == "negated":
             return -x
         if variant == "centered_x4":
-            return (x - x.mean()) * 4.0
-        if variant == "shift_scale":
-            return x * 3.0 + 1.5
-        if variant == "normal":
-            return torch.randn(x.shape, generator=generator(x.device), dtype=torch.float32,
-                               device=x.device).to(x.dtype)
-        raise ValueError(variant)
+            y = (x - x.mean()) * 4.0
+        elif variant == "shift_scale":
+            y = x * 3.0 + 1.5
+        elif variant == "normal":
+            y = value_normal(x, seed)
+        else:
+            raise ValueError(variant)
+        return torch.where(x == 0, x, y)
 
     return [transform(x) for x in inputs]
 

@@ -32,6 +32,10 @@ from .orchestrator import Batch
 from .results import RESULT_SCHEMA, ResultStore, rows_to_table
 from .settings import HarnessSettings, Job
 
+# What a row means beyond the settings: raised when the measurement method changes (2: input
+# variants keep exact zeros and map by value), so rows of an older method are never resumed.
+METHOD_VERSION = 2
+
 log = logging.getLogger(__name__)
 FLUSH_EVERY_S = 60.0
 # Rows remembered for de-duplication (LRU); a row is a few kB, so a few tens of MB at most.
@@ -111,7 +115,8 @@ class HarnessSession:
         blob = json.dumps({"reference": job.reference_code, "candidate": job.candidate_code,
                            "backend": job.backend, "settings": self.settings.measurement_key(),
                            "toolchain": self.toolchain(job.backend),
-                           "measure_speed": bool(measure_speed)}, sort_keys=True)
+                           "measure_speed": bool(measure_speed),
+                           "method": METHOD_VERSION}, sort_keys=True)
         return hashlib.sha256(blob.encode()).hexdigest()
 
     def evaluate(self, jobs: Iterable[Job], results_path: str | os.PathLike | None = None,

@@ -73,7 +73,7 @@ class HarnessSettings:
     timing_noise_floor_cpu: float = 0.01
     build_timeout_s: float = 300.0
     run_timeout_s: float = 120.0
-    memory_limit_mb: int = 8192
+    memory_limit_mb: int = 16384
     max_open_files: int = 1024
     build_workers: int = 0
     use_pch: bool = True

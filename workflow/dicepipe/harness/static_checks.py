@@ -75,17 +75,42 @@ def no_kernel(tree: ast.AST, sources: str, backend: str) -> bool:
     return not re.search(r"\)\s*(const\s*)?\{", sources)  # at least one function body
 
 
+def _is_model(node: ast.AST) -> bool:
+    return (isinstance(node, ast.Name) and node.id == "Model") or \
+        (isinstance(node, ast.Attribute) and node.attr == "Model")
+
+
+def _is_super(node: ast.AST) -> bool:
+    return isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "super"
+
+
 def calls_reference(tree: ast.AST) -> bool:
-    """ModelNew subclasses or aliases `Model`, or code inside ModelNew names `Model`."""
+    """ModelNew runs the reference's code: it aliases `Model`, subclasses it without a
+    `forward` of its own, names `Model` in its body (an instance, `Model.forward`), or
+    reaches a parent's `forward` through `super()`.
+
+    Subclassing `Model` to reuse its `__init__` (the same layers and parameters, as a file
+    that copies the reference often does) while `forward` is the candidate's own is not
+    flagged: `Model.__init__(self, ...)` and `super().__init__(...)` are allowed, and a
+    forward that still does its work in torch shows in the no_kernel / ext_not_called flags.
+    """
     for node in ast.walk(tree):
         if isinstance(node, ast.ClassDef) and node.name == "ModelNew":
-            if any(_root_name(base) == "Model" or getattr(base, "attr", None) == "Model"
-                   for base in node.bases):
+            subclasses = any(_is_model(base) or _root_name(base) == "Model" for base in node.bases)
+            own_forward = any(isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef))
+                              and item.name == "forward" for item in node.body)
+            if subclasses and not own_forward:
                 return True
+            allowed = set()  # the `Model` of `Model.__init__`
             for inner in ast.walk(node):
-                if isinstance(inner, ast.Name) and inner.id == "Model":
+                if isinstance(inner, ast.Attribute) and inner.attr == "__init__" and _is_model(inner.value):
+                    allowed.add(id(inner.value))
+            for inner in ast.walk(node):
+                if _is_model(inner) and id(inner) not in allowed and \
+                        not any(inner is base for base in node.bases):
                     return True
-                if isinstance(inner, ast.Attribute) and inner.attr == "Model":
+                if isinstance(inner, ast.Attribute) and _is_super(inner.value) and \
+                        inner.attr in ("forward", "__call__", "_call_impl"):
                     return True
         if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "ModelNew"
                                                 for t in node.targets):
