@@ -249,7 +249,6 @@ def main() -> None:
                         help="judge an existing results Parquet; runs nothing")
     args = parser.parse_args()
 
-    import pyarrow.parquet as pq
     from dicepipe.config import load_params
 
     params = load_params(args.params)
@@ -257,7 +256,9 @@ def main() -> None:
     manifest = read_manifest(args.corpus)
     results = args.results or args.out / "results.parquet"
     if args.summarize_only:
-        result_rows = pq.read_table(results).to_pylist()
+        from dicepipe.harness.results import ResultStore
+
+        result_rows = ResultStore.read(results)  # the journal too, if the run was cut short
     else:
         from dicepipe.harness import HarnessSettings
 

@@ -208,3 +208,87 @@ def test_only_precompiled_header_trouble_triggers_a_build_without_it():
                     " precompiled header was invalid",
                     "main.cpp:1:10: fatal error: torch/extension.h: No such file or directory"):
         assert _PCH_TROUBLE.search(trouble), trouble
+
+
+
+FAILFAST_NINJA = """ninja_required_version = 1.3
+
+rule bad
+  command = touch bad_started && sleep 0.3 && echo 'main.cpp: error: undeclared name' >&2 && exit 1
+
+rule slow
+  command = touch started && sh -c 'sleep 41.25; touch finished'
+
+rule link
+  command = touch $out
+
+build bad.o: bad
+build slow.o: slow
+build m.so: link bad.o slow.o
+"""
+
+
+def _running(marker: str) -> list[int]:
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/cmdline", "rb") as fh:
+                    if marker.encode() in fh.read():
+                        found.append(int(entry))
+            except OSError:
+                pass
+    return found
+
+
+def test_a_failing_unit_stops_its_siblings(tmp_path, monkeypatch):
+    """main.cpp failing in 0.3 s ends the build then: the other unit's compiler (and the
+    process it started) is killed instead of running its 41 s, and the error is main.cpp's."""
+    monkeypatch.setenv(compile_steps.SLOTS_ENV, "4")
+    (tmp_path / "build.ninja").write_text(FAILFAST_NINJA)
+    start = time.monotonic()
+    with pytest.raises(compile_steps.StepError, match="undeclared name"):
+        compile_steps.run_steps(tmp_path / "build.ninja", tmp_path / "cache")
+    assert time.monotonic() - start < 20
+    assert (tmp_path / "started").exists() and not (tmp_path / "finished").exists()
+    assert _running("sleep 41.25") == []
+
+
+def test_a_unit_queued_behind_a_failing_one_never_starts(tmp_path, monkeypatch):
+    """One CPU slot, held by the unit that fails: the other unit stops while it waits."""
+    monkeypatch.setenv(compile_steps.SLOTS_ENV, "1")
+    (tmp_path / "build.ninja").write_text(FAILFAST_NINJA)
+    real = compile_steps.run_command
+
+    def bad_first(command, *args, **kwargs):
+        while "41.25" in command and not (tmp_path / "bad_started").exists():
+            time.sleep(0.01)
+        return real(command, *args, **kwargs)
+
+    monkeypatch.setattr(compile_steps, "run_command", bad_first)
+    with pytest.raises(compile_steps.StepError, match="undeclared name"):
+        compile_steps.run_steps(tmp_path / "build.ninja", tmp_path / "cache")
+    assert (tmp_path / "bad_started").exists() and not (tmp_path / "started").exists()
+
+
+def test_a_first_try_with_a_fallback_stops_no_sibling(tmp_path, monkeypatch):
+    """The light-headers compile and the precompiled host pass may fail and fall back: such a
+    failure (inside `recoverable()`) leaves the other unit running, and the build succeeds."""
+    monkeypatch.setenv(compile_steps.SLOTS_ENV, "4")
+    (tmp_path / "build.ninja").write_text(
+        "rule cuda_compile\n  command = unused\n\nrule slow\n  command = sleep 1 && touch finished\n\n"
+        "rule link\n  command = touch $out\n\nbuild cuda.o: cuda_compile\nbuild main.o: slow\n"
+        "build m.so: link cuda.o main.o\n")
+
+    def cuda_compile(step, log):
+        try:
+            with compile_steps.recoverable():
+                compile_steps.run_command("exit 1", tmp_path, tmp_path / "cache", log)
+        except compile_steps.StepError:
+            compile_steps.run_command("touch cuda.o", tmp_path, tmp_path / "cache", log)
+        return "fell back"
+
+    notes = compile_steps.run_steps(tmp_path / "build.ninja", tmp_path / "cache",
+                                    cuda_compile=cuda_compile)
+    assert notes == ["fell back"]
+    assert (tmp_path / "finished").exists() and (tmp_path / "m.so").exists()

@@ -91,3 +91,25 @@ def test_resume_after_kill(tmp_path):
     assert rows["hang"]["error"].startswith("timeout")
     assert rows["last"]["correct"]
     assert out.is_file() and not journal.exists()
+
+
+def test_stored_rows_read_from_the_file_and_a_cut_journal(tmp_path):
+    """What a killed run left (Parquet + journal, last line torn) is read back whole, and
+    reading opens nothing for writing."""
+    import pytest
+    from dicepipe.harness.results import ResultStore, empty_row
+
+    path = tmp_path / "results.parquet"
+    with pytest.raises(FileNotFoundError, match="no rows"):
+        ResultStore.read(path)
+    store = ResultStore(path)
+    store.add({**empty_row("b", "cpu"), "compiled": True})
+    store.flush()  # "b" in the Parquet file
+    store.add({**empty_row("a", "cpu"), "compiled": False})  # "a" only in the journal
+    store.close()
+    with open(store.journal_path, "a") as fh:
+        fh.write('{"job_id": "c", "comp')  # the line a kill cut short
+    before = sorted(p.name for p in tmp_path.iterdir())
+    rows = ResultStore.read(path)
+    assert [(r["job_id"], r["compiled"]) for r in rows] == [("a", False), ("b", True)]
+    assert sorted(p.name for p in tmp_path.iterdir()) == before

@@ -65,6 +65,12 @@ SUBCLASS = HONEST_RELU.replace("class ModelNew(nn.Module):", "class ModelNew(Mod
     SUBCLASS.replace("return ext.relu_fwd(x)", "return super().forward(x)"),
     SUBCLASS.replace("return ext.relu_fwd(x)", "return super(ModelNew, self).forward(x)"),
     SUBCLASS.replace("return ext.relu_fwd(x)", "return Model.forward(self, x)"),
+    SUBCLASS.replace("return ext.relu_fwd(x)", "return getattr(super(), 'forward')(x)"),
+    SUBCLASS.replace("return ext.relu_fwd(x)", "return type(self).__mro__[1].forward(self, x)"),
+    SUBCLASS.replace("return ext.relu_fwd(x)", "return self.__class__.__bases__[0].forward(self, x)"),
+    SUBCLASS + "\ndel ModelNew.forward\n",
+    HONEST_RELU + "\nModelNew.forward = lambda self, x: torch.relu(x)\n",
+    HONEST_RELU + "\nsetattr(ModelNew, 'forward', lambda self, x: torch.relu(x))\n",
     HONEST_RELU + "\nModelNew = Model\n",
     HONEST_RELU.replace("return ext.relu_fwd(x)", "return Model()(x)"),
 ])
@@ -80,6 +86,25 @@ def test_subclassing_model_for_its_layers_is_not_calling_it(init):
     `Model`, ModelNew(Model) reuses its __init__ and has its own forward with the kernel."""
     code = SUBCLASS.replace("super().__init__()", init)
     assert init in code and "def forward" in code
+    assert not flags(code)["flag_calls_reference"]
+
+
+def test_class_state_on_modelnew_is_not_patching():
+    """A released CUDA-L1 kernel keeps `ModelNew._custom_kernel_loaded` and such flags."""
+    code = HONEST_RELU.replace("return ext.relu_fwd(x)",
+                               "ModelNew._calls = getattr(ModelNew, '_calls', 0) + 1\n"
+                               "        setattr(ModelNew, '_seen', True)\n"
+                               "        return ext.relu_fwd(x)")
+    assert not flags(code)["flag_calls_reference"]
+
+
+def test_super_forward_of_the_candidates_own_base_is_not_the_reference():
+    code = HONEST_RELU.replace("class ModelNew(nn.Module):",
+                               "class Base(nn.Module):\n    def forward(self, x):\n"
+                               "        return ext.relu_fwd(x)\n\n\nclass ModelNew(Base):")
+    code = code.replace("return ext.relu_fwd(x)\n", "return super().forward(x)\n", 2)
+    code = code.replace("return super().forward(x)\n", "return ext.relu_fwd(x)\n", 1)
+    assert "class ModelNew(Base)" in code and "super().forward(x)" in code
     assert not flags(code)["flag_calls_reference"]
 
 

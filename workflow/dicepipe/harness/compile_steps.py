@@ -3,7 +3,10 @@
 torch writes a ninja file for every `load_inline` build; this module reads the commands that
 file would run (same flags, same order of arguments) and runs them itself:
 
-- the units of one build (main.cpp, cuda.cu) run side by side, the link after both;
+- the units of one build (main.cpp, cuda.cu) run side by side, the link after both; the
+  first unit that fails stops its siblings (a queued one never starts, a running compiler
+  and its children are killed), so a file whose bindings do not compile frees its CPU slots
+  in the seconds main.cpp takes, not the minute nvcc would;
 - every compiler process first takes one of the machine's CPU slots (a lock file among
   `slots` in the cache, shared by every builder process), so there are never more compilers
   than cores however many builds are in flight, and a build waiting for a precompiled header
@@ -18,6 +21,7 @@ import contextlib
 import fcntl
 import os
 import re
+import signal
 import subprocess
 import threading
 import time
@@ -30,6 +34,74 @@ _VAR = re.compile(r"\$(\$|\{[A-Za-z0-9_.-]+\}|[A-Za-z0-9_-]+|[ :\n])")
 
 class StepError(RuntimeError):
     pass
+
+
+class StepCancelled(Exception):
+    """A sibling unit of the same build failed, so this one stopped. Not a StepError: no
+    fallback (a plain pass, full headers) may catch it and compile again."""
+
+
+# The stop signal of the build a thread's compile steps belong to (run_steps sets it).
+_local = threading.local()
+
+
+def _cancelled() -> bool:
+    event = getattr(_local, "cancel", None)
+    return event is not None and event.is_set()
+
+
+@contextlib.contextmanager
+def recoverable():
+    """Commands run inside may fail without failing the build (a first try that has a
+    fallback: light headers, the precompiled host header): their failure stops no sibling."""
+    before = getattr(_local, "recoverable", False)
+    _local.recoverable = True
+    try:
+        yield
+    finally:
+        _local.recoverable = before
+
+
+def _descendants(pid: int) -> list[int]:
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        ppid = int(stat.rsplit(")", 1)[1].split()[1])
+        children.setdefault(ppid, []).append(int(entry.name))
+    found, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
+def _kill_tree(proc: subprocess.Popen) -> None:
+    """Kill a compile command's shell and everything it started (nvcc's cicc, ptxas, gcc);
+    they stay in the builder's process group, so a killed builder takes them along too.
+    The tree is stopped first (a stopped process cannot fork), then found again and killed."""
+    stopped: list[int] = []
+    for _ in range(2):
+        for pid in [proc.pid, *_descendants(proc.pid)]:
+            if pid not in stopped:
+                with contextlib.suppress(OSError):
+                    os.kill(pid, signal.SIGSTOP)
+                    stopped.append(pid)
+    for pid in dict.fromkeys([*stopped, *_descendants(proc.pid)]):
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGKILL)
+    try:
+        proc.communicate(timeout=5)
+    except subprocess.TimeoutExpired:  # an escaped grandchild holds the pipes: stop reading
+        for stream in (proc.stdout, proc.stderr):
+            if stream is not None:
+                stream.close()
+        proc.wait()
 
 
 def parse_ninja(text: str) -> tuple[dict, dict, list[tuple[str, str, list[str]]]]:
@@ -156,6 +228,8 @@ def cpu_slot(cache: Path):
                     _wait_state["held"] -= 1
                 handle.close()
             return
+        if _cancelled():
+            raise StepCancelled()
         waiting()
         time.sleep(delay)
         delay = min(delay * 2, 0.25)
@@ -165,9 +239,22 @@ def run_command(command: str, cwd: Path, cache: Path, log: list[str],
                 env: dict | None = None) -> str:
     """One shell command (as ninja runs it) in a CPU slot; its output also goes to `log`."""
     with cpu_slot(cache):
-        proc = subprocess.run(["/bin/sh", "-c", command], cwd=cwd, capture_output=True,
-                              text=True, env=env, check=False)
-    output = (proc.stdout + proc.stderr).strip()
+        if _cancelled():
+            raise StepCancelled()
+        proc = subprocess.Popen(["/bin/sh", "-c", command], cwd=cwd, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True, env=env)
+        while True:
+            try:
+                stdout, stderr = proc.communicate(timeout=0.2)
+                break
+            except subprocess.TimeoutExpired:
+                if _cancelled():
+                    _kill_tree(proc)
+                    raise StepCancelled() from None
+        if proc.returncode != 0 and getattr(_local, "cancel", None) is not None \
+                and not getattr(_local, "recoverable", False):
+            _local.cancel.set()  # before the slot is free: no sibling starts after a failure
+    output = (stdout + stderr).strip()
     if output:
         log.append(output)
     if proc.returncode != 0:
@@ -177,6 +264,7 @@ def run_command(command: str, cwd: Path, cache: Path, log: list[str],
 
 def run_steps(ninja_file: Path, cache: Path, before_compile=None, cuda_compile=None) -> list[str]:
     """Every compile step in parallel, then the link. Returns notes (e.g. header use).
+    The first step to fail stops the others (StepCancelled) and its error is raised.
 
     `before_compile(step)` runs outside any slot first (waiting for a precompiled header);
     `cuda_compile(step, log)` replaces running a cuda_compile step's command as it is.
@@ -187,7 +275,19 @@ def run_steps(ninja_file: Path, cache: Path, before_compile=None, cuda_compile=N
     notes: list[str] = []
     lock = threading.Lock()
 
+    cancel = threading.Event()
+
     def one(step: dict) -> None:
+        _local.cancel = cancel
+        try:
+            run_one(step)
+        except BaseException:
+            cancel.set()  # the other units stop: this build has failed
+            raise
+        finally:
+            _local.cancel = None
+
+    def run_one(step: dict) -> None:
         if before_compile is not None:
             note = before_compile(step)
             if note:
@@ -202,8 +302,13 @@ def run_steps(ninja_file: Path, cache: Path, before_compile=None, cuda_compile=N
             run_command(step["command"], folder, cache, log)
 
     with ThreadPoolExecutor(max_workers=max(1, len(compiles))) as pool:
-        for future in [pool.submit(one, step) for step in compiles]:
-            future.result()
+        futures = [pool.submit(one, step) for step in compiles]
+        errors = [f.exception() for f in futures]
+    failures = [e for e in errors if e is not None and not isinstance(e, StepCancelled)]
+    if failures:
+        raise failures[0]
+    if any(errors):  # cancelled with no failure beside it: not expected, still a failed build
+        raise StepError("compile steps were stopped with no failing step:\n" + "\n".join(log))
     if link is not None:
         run_command(link["command"], folder, cache, log)
     return notes

@@ -45,16 +45,21 @@ def to_device(obj, device: str):
 _BITS = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 
 
-def value_normal(x: torch.Tensor, seed: int) -> torch.Tensor:
+def value_normal(x: torch.Tensor, seed: int, chunk: int = 1 << 22) -> torch.Tensor:
     """A standard-normal value for each element that depends only on the element's value
-    (its bits, hashed with `seed`): equal elements get equal values."""
-    h = x.contiguous().view(_BITS[x.element_size()]).to(torch.int64)
-    h = h ^ (seed * 0x2545F4914F6CDD1D % 2**62)
-    for _ in range(2):  # multiply-xorshift rounds (int64 products wrap)
-        h = h * 0x5851F42D4C957F2D
-        h = h ^ (h >> 29)
-    u = (((h >> 11) & (2**40 - 1)).to(torch.float64) + 0.5) / 2**40  # in (0, 1)
-    return (math.sqrt(2.0) * torch.erfinv(2.0 * u - 1.0)).to(x.dtype)
+    (its bits, hashed with `seed`): equal elements get equal values. Hashed in chunks, so
+    the int64/float64 temporaries stay small beside a large input."""
+    bits = x.detach().contiguous().view(_BITS[x.element_size()]).reshape(-1)
+    out = torch.empty(bits.shape, dtype=x.dtype, device=x.device)
+    salt = seed * 0x2545F4914F6CDD1D % 2**62
+    for start in range(0, bits.numel(), chunk):
+        h = bits[start:start + chunk].to(torch.int64) ^ salt
+        for _ in range(2):  # multiply-xorshift rounds (int64 products wrap)
+            h = h * 0x5851F42D4C957F2D
+            h = h ^ (h >> 29)
+        u = (((h >> 11) & (2**40 - 1)).to(torch.float64) + 0.5) / 2**40  # in (0, 1)
+        out[start:start + chunk] = (math.sqrt(2.0) * torch.erfinv(2.0 * u - 1.0)).to(x.dtype)
+    return out.view(x.shape)
 
 
 def apply_variant(inputs: list, variant: str, seed: int) -> list:

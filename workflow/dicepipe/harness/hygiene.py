@@ -68,7 +68,7 @@ def process_host_mb(pid: int | str) -> float | None:
 def leak_limits_mb(memory_limit_mb: int, device_total_mb: float | None) -> dict:
     """Excess over the baseline at which a worker is replaced, per kind of memory.
 
-    Host: a sixteenth of the worker's memory limit (512 MB at the default 8 GiB). GPU: a
+    Host: a sixteenth of the worker's memory limit (1 GiB at the default 16 GiB). GPU: a
     twentieth of the device (7 GB on an H200) but at least 1 GiB, since cuDNN and cuBLAS
     handles that an honest job creates stay with the context.
     """

@@ -35,7 +35,7 @@ import subprocess
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from .compile_steps import StepError, cpu_slot, run_command, wait_for_lock
+from .compile_steps import StepError, cpu_slot, recoverable, run_command, wait_for_lock
 
 
 def placeholder(module_id: str) -> str:
@@ -112,7 +112,8 @@ def compile_cuda(step: dict, folder: Path, cache: Path, log: list[str],
         return _compile_cuda(step, folder, cache, log)
     path.write_text(lighter)  # the same line count: compiler messages keep their lines
     try:
-        return _compile_cuda(step, folder, cache, log) + ",light-headers"
+        with recoverable():  # its failure is not the build's: it compiles as written next
+            return _compile_cuda(step, folder, cache, log) + ",light-headers"
     except StepError as exc:
         log.append(f"compiling without <torch/extension.h> failed; compiling as written: {exc}")
         path.write_text(text)
@@ -187,8 +188,9 @@ def _host_pass(line: str, header: dict, folder: Path, cache: Path, log: list[str
     # name for the names gcc derives from it); the original comes back for a plain pass.
     header["source"].write_text(header["unit"])
     try:
-        output = run_command(shlex.join(header["argv"] + ["-Winvalid-pch"]), folder, cache,
-                             log, env)
+        with recoverable():  # a failure here falls back to the plain pass
+            output = run_command(shlex.join(header["argv"] + ["-Winvalid-pch"]), folder,
+                                 cache, log, env)
     except StepError as exc:
         log.append(f"host pass against the precompiled header failed; plain pass: {exc}")
         header["source"].write_text(header["original"])

@@ -171,6 +171,25 @@ class ResultStore:
                 if isinstance(row, dict) and "job_id" in row:
                     self.rows[row["job_id"]] = row
 
+    @classmethod
+    def read(cls, results_path: str | os.PathLike) -> list[dict]:
+        """Every row stored at `results_path`: the Parquet file and the journal of a run that
+        was cut short, without opening anything for writing. Sorted by job id."""
+        store = cls(None)
+        store.path = Path(results_path)
+        store.journal_path = store.path.with_name(store.path.name + ".journal.jsonl")
+        if store.path.is_file():
+            try:
+                store.rows = {r["job_id"]: r for r in pq.read_table(store.path).to_pylist()}
+            except Exception as exc:  # torn by a crash, as in __init__: the journal has the rows
+                log.warning("%s: unreadable (%s); reading its journal", store.path, exc)
+        if store.journal_path.is_file():
+            store._read_journal()
+        if not store.rows:
+            raise FileNotFoundError(f"{results_path}: no rows (neither the file nor its journal "
+                                    f"{store.journal_path.name} holds any)")
+        return [store.rows[k] for k in sorted(store.rows)]
+
     def done(self, job_id: str) -> bool:
         return job_id in self.rows
 

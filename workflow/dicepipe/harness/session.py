@@ -33,7 +33,8 @@ from .results import RESULT_SCHEMA, ResultStore, rows_to_table
 from .settings import HarnessSettings, Job
 
 # What a row means beyond the settings: raised when the measurement method changes (2: input
-# variants keep exact zeros and map by value), so rows of an older method are never resumed.
+# variants keep exact zeros and map by value; calls_reference allows a subclass of Model for
+# its __init__), so rows of an older method are never resumed.
 METHOD_VERSION = 2
 
 log = logging.getLogger(__name__)

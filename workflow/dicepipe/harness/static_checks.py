@@ -84,15 +84,24 @@ def _is_super(node: ast.AST) -> bool:
     return isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "super"
 
 
+_CLASS_INTROSPECTION = ("__mro__", "__bases__", "__base__", "__dict__")
+# What replacing on ModelNew changes how it is called (class state such as a
+# `ModelNew._kernel_loaded` flag is not: released kernels keep such flags).
+_CALL_PATH = ("forward", "__call__", "_call_impl", "__bases__", "__class__", "__init__")
+
+
 def calls_reference(tree: ast.AST) -> bool:
     """ModelNew runs the reference's code: it aliases `Model`, subclasses it without a
-    `forward` of its own, names `Model` in its body (an instance, `Model.forward`), or
-    reaches a parent's `forward` through `super()`.
+    `forward` of its own, names `Model` in its body (an instance, `Model.forward`), or, as a
+    subclass of `Model`, uses `super()` for anything but `__init__` or walks its class
+    hierarchy (`__mro__`, `__bases__`...); or the file patches ModelNew after defining it.
 
     Subclassing `Model` to reuse its `__init__` (the same layers and parameters, as a file
     that copies the reference often does) while `forward` is the candidate's own is not
     flagged: `Model.__init__(self, ...)` and `super().__init__(...)` are allowed, and a
     forward that still does its work in torch shows in the no_kernel / ext_not_called flags.
+    (Calling other methods it inherits from `Model` is not seen here: only the candidate's
+    file is read.)
     """
     for node in ast.walk(tree):
         if isinstance(node, ast.ClassDef) and node.name == "ModelNew":
@@ -101,19 +110,31 @@ def calls_reference(tree: ast.AST) -> bool:
                               and item.name == "forward" for item in node.body)
             if subclasses and not own_forward:
                 return True
-            allowed = set()  # the `Model` of `Model.__init__`
+            allowed = set()  # the `Model` of `Model.__init__`, the `super()` of `super().__init__`
             for inner in ast.walk(node):
-                if isinstance(inner, ast.Attribute) and inner.attr == "__init__" and _is_model(inner.value):
+                if isinstance(inner, ast.Attribute) and inner.attr == "__init__" and \
+                        (_is_model(inner.value) or _is_super(inner.value)):
                     allowed.add(id(inner.value))
             for inner in ast.walk(node):
                 if _is_model(inner) and id(inner) not in allowed and \
                         not any(inner is base for base in node.bases):
                     return True
-                if isinstance(inner, ast.Attribute) and _is_super(inner.value) and \
-                        inner.attr in ("forward", "__call__", "_call_impl"):
+                if subclasses and _is_super(inner) and id(inner) not in allowed:
                     return True
-        if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "ModelNew"
-                                                for t in node.targets):
+                if subclasses and isinstance(inner, ast.Attribute) and \
+                        inner.attr in _CLASS_INTROSPECTION:
+                    return True
+        if isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign, ast.Delete)):
+            targets = node.targets if isinstance(node, (ast.Assign, ast.Delete)) else [node.target]
+            for target in targets:
+                if getattr(target, "id", None) == "ModelNew" or (
+                        isinstance(target, ast.Attribute) and target.attr in _CALL_PATH
+                        and _root_name(target) == "ModelNew"):
+                    return True
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and \
+                node.func.id in ("setattr", "delattr") and len(node.args) >= 2 and \
+                _root_name(node.args[0]) == "ModelNew" and not (
+                    isinstance(node.args[1], ast.Constant) and node.args[1].value not in _CALL_PATH):
             return True
     return False
 
