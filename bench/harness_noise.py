@@ -106,9 +106,12 @@ def run_synthetic(args, base: HarnessSettings) -> dict:
     same_ref, same_cand = passes_pair(20, 20, numel)
     fast_ref, fast_cand = passes_pair(20, 19, numel)
     jobs = []
+    # Each job's candidate carries its own number: identical jobs would be measured once and
+    # copied (the harness evaluates each content key once), leaving one sample, not `jobs`.
     for i in range(args.jobs):  # interleaved, so a capped run has both kinds
-        jobs.append(Job(f"unchanged_{i:04d}", same_ref, same_cand, args.backend))
-        jobs.append(Job(f"faster_{i:04d}", fast_ref, fast_cand, args.backend))
+        tag = f"\n# noise sample {i}\n"
+        jobs.append(Job(f"unchanged_{i:04d}", same_ref, same_cand + tag, args.backend))
+        jobs.append(Job(f"faster_{i:04d}", fast_ref, fast_cand + tag, args.backend))
     # The repeat rule decides "faster than 1.0": a clear case stops after one repeat, an
     # unchanged kernel is measured `--synthetic-repeats` times and its trials pooled.
     settings = dataclasses.replace(base, kernelbench_timing=True, repeats=args.synthetic_repeats,
