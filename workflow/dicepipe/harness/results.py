@@ -143,7 +143,7 @@ def rows_to_table(rows: Iterable[dict]) -> pa.Table:
 class ResultStore:
     """Rows already finished (for resume) plus an append-only journal of new ones."""
 
-    def __init__(self, results_path: str | os.PathLike | None):
+    def __init__(self, results_path: str | os.PathLike | None, writable: bool = True):
         self.path = Path(results_path) if results_path is not None else None
         self.rows: dict[str, dict] = {}
         self._journal = None
@@ -155,11 +155,12 @@ class ResultStore:
                 for row in pq.read_table(self.path).to_pylist():
                     self.rows[row["job_id"]] = row
             except Exception as exc:  # a torn file from an older crash: the journal has the rows
-                log.warning("%s: unreadable (%s); resuming from its journal", self.path, exc)
+                log.warning("%s: unreadable (%s); reading its journal", self.path, exc)
         if self.journal_path.is_file():
             self._read_journal()
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._journal = open(self.journal_path, "a", encoding="utf-8")
+        if writable:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._journal = open(self.journal_path, "a", encoding="utf-8")
 
     def _read_journal(self) -> None:
         with open(self.journal_path, encoding="utf-8") as fh:
@@ -175,16 +176,7 @@ class ResultStore:
     def read(cls, results_path: str | os.PathLike) -> list[dict]:
         """Every row stored at `results_path`: the Parquet file and the journal of a run that
         was cut short, without opening anything for writing. Sorted by job id."""
-        store = cls(None)
-        store.path = Path(results_path)
-        store.journal_path = store.path.with_name(store.path.name + ".journal.jsonl")
-        if store.path.is_file():
-            try:
-                store.rows = {r["job_id"]: r for r in pq.read_table(store.path).to_pylist()}
-            except Exception as exc:  # torn by a crash, as in __init__: the journal has the rows
-                log.warning("%s: unreadable (%s); reading its journal", store.path, exc)
-        if store.journal_path.is_file():
-            store._read_journal()
+        store = cls(results_path, writable=False)
         if not store.rows:
             raise FileNotFoundError(f"{results_path}: no rows (neither the file nor its journal "
                                     f"{store.journal_path.name} holds any)")
