@@ -145,6 +145,10 @@ class Batch:
         self.close()
 
     def close(self) -> None:
+        # Every worker is signalled first, so their exits (a GPU context's teardown can take
+        # seconds) overlap instead of adding up; the stops below then only reap them.
+        for worker in self._all_workers():
+            worker.kill()
         for service in list(self.builds.values()):
             service.stop()
         for pool in self.pools:
@@ -153,6 +157,12 @@ class Batch:
             for worker in workers:
                 worker.stop()
         shutil.rmtree(self.root, ignore_errors=True)
+
+    def _all_workers(self):
+        for pool in self.pools:
+            yield from pool.workers
+        for workers in self.devices.values():
+            yield from workers
 
     # --- running one call ---------------------------------------------------------------------
 

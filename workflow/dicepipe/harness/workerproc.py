@@ -94,13 +94,17 @@ class WorkerProcess:
         self.memory_baseline = self._memory_now(ready.get("memory"))
         self.excess_mb = {}
 
+    def kill(self) -> None:
+        """SIGKILL the worker's process group without waiting (stop() then reaps it)."""
+        if self.proc is not None and self.proc.poll() is None:
+            try:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+
     def stop(self) -> None:
         if self.proc is not None:
-            if self.proc.poll() is None:
-                try:
-                    os.killpg(self.proc.pid, signal.SIGKILL)
-                except (ProcessLookupError, PermissionError):
-                    pass
+            self.kill()
             try:
                 self.proc.wait(timeout=30)
             except subprocess.TimeoutExpired:
