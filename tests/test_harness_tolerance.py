@@ -8,6 +8,7 @@ import pytest
 import torch
 from dicepipe.harness import correctness as C
 from dicepipe.harness.measure import MIN_INPUT_SETS, RotatingInputs, checked_calls, num_input_sets
+from dicepipe.harness.timing import balanced_order
 from dicepipe.harness.static_checks import static_flags, uses_vendor_library
 from test_harness_static import CUDA_HONEST
 
@@ -95,7 +96,7 @@ def test_checked_calls_are_slot_reuses():
     assert len(checked_calls(first_call=0, trials=4, slots=8, seed=0)) == 2
 
 
-def test_rotating_inputs_redraw_each_reuse_in_place():
+def test_rotating_inputs_refill_in_place_and_never_repeat_values():
     def get_inputs():
         return [torch.rand(4, 4), 3]
 
@@ -110,6 +111,37 @@ def test_rotating_inputs_redraw_each_reuse_in_place():
     assert addresses[0] != addresses[1]
     for i in range(6):  # no call sees values an earlier call saw
         assert all(not torch.equal(seen[i], seen[j]) for j in range(i))
+
+
+def test_rotating_inputs_draw_between_rounds_only():
+    draws = []
+
+    def get_inputs():
+        draws.append(1)
+        return [torch.rand(8)]
+
+    source = RotatingInputs(get_inputs, seed=1, count=3, device="cpu")
+    per_call, seen = [], []
+    for _ in range(9):
+        before = len(draws)
+        _call, args = source.next()
+        per_call.append(len(draws) - before)
+        seen.append(args[0].clone())
+    # the first round uses the slots as drawn; each later round starts by redrawing all three
+    assert per_call == [0, 0, 0, 3, 0, 0, 3, 0, 0]
+    assert all(not torch.equal(seen[i], seen[j]) for i in range(9) for j in range(i))
+
+
+def test_balanced_order_times_each_model_first_equally_often_at_every_slot_position():
+    for seed in range(20):
+        for slots in (1, 2, 3, 8):
+            first = balanced_order(seed, slots)
+            calls = range(3, 3 + 40 * slots)  # any start (warm-up calls come first)
+            for position in range(slots):
+                at = [first(c) for c in calls if c % slots == position]
+                assert abs(sum(at) - (len(at) - sum(at))) <= 1
+    # not one fixed pattern: the first round's order depends on the seed
+    assert len({tuple(balanced_order(s, 8)(c) for c in range(8)) for s in range(20)}) > 1
 
 
 VENDOR_SNIPPETS = {

@@ -3,9 +3,12 @@
 Honest timing inputs: a candidate that serves its output from a cache (keyed by the input's
 address, or by a few of its values) would time near zero if timed calls reused the same
 input. So each repeat times on several input slots (distinct buffers, 2..8 as memory allows),
-used in turn, and every reuse of a slot first redraws its values in place from a fresh seed
-(through the task's own `get_inputs`, so they stay valid inputs): no call ever sees values
-an earlier call saw, and a buffer's address says nothing about its contents. A sample of the
+used in rounds (each slot once per round), and between rounds every slot's values are
+redrawn in place from fresh seeds (through the task's own `get_inputs`, so they stay valid
+inputs): no call ever sees values an earlier call saw, and a buffer's address says nothing
+about its contents. The draws come in a batch between rounds rather than one before each
+reuse: on the CPU a draw just before every trial cost the verdict its power (DESIGN.md,
+item 10); now one trial per round follows draws. A sample of the
 timed candidate calls is checked against the reference's output for the same values
 (computed first, on a copy, under the same seed; the reference's timed output is kept alive
 and, on cuda, the free memory scrubbed before the candidate's call), so a cached output is
@@ -74,7 +77,7 @@ def _refill(dst, src) -> bool:
 
 
 class RotatingInputs:
-    """Input slots used in turn; each reuse redraws the slot's values in place."""
+    """Input slots used in rounds; between rounds every slot's values are redrawn in place."""
 
     def __init__(self, get_inputs, seed: int, count: int, device: str):
         self.get_inputs, self.seed, self.device = get_inputs, seed, device
@@ -93,11 +96,13 @@ class RotatingInputs:
         call = self.calls
         self.calls += 1
         k = self.slot_of(call)
-        if call >= len(self.slots):
-            fresh = C.draw_inputs(self.get_inputs, self.seed + call, self.device)
-            if not _refill(self.slots[k], fresh):  # a task that draws varying shapes
-                self.slots[k] = fresh
-            del fresh
+        if call >= len(self.slots) and k == 0:  # a new round: fresh values for every slot
+            for j in range(len(self.slots)):
+                # seeded by the call that will use them: every call's values are its own
+                fresh = C.draw_inputs(self.get_inputs, self.seed + call + j, self.device)
+                if not _refill(self.slots[j], fresh):  # a task that draws varying shapes
+                    self.slots[j] = fresh
+                del fresh
         return call, self.slots[k]
 
 

@@ -34,8 +34,9 @@ from .settings import HarnessSettings, Job
 
 # What a row means beyond the settings: raised when the measurement method changes (2: input
 # variants keep exact zeros and map by value; calls_reference allows a subclass of Model for
-# its __init__), so rows of an older method are never resumed.
-METHOD_VERSION = 2
+# its __init__; 3: timing inputs redrawn between rounds, not before each reuse, and a balanced
+# order of the two models), so rows of an older method are never resumed.
+METHOD_VERSION = 3
 
 log = logging.getLogger(__name__)
 FLUSH_EVERY_S = 60.0

@@ -1,9 +1,11 @@
 """Timing reference and candidate interleaved, in the same process, on rotated inputs.
 
-Each trial takes the next input set from a rotating source (distinct buffers whose values
-are redrawn before every reuse, see measure.py), flushes the caches (a read over the
-last-level cache on cpu, over twice the L2 on cuda), and times both models in a random
-order. An optional check sees a sample of the candidate's timed outputs. On cpu the
+Each trial takes the next input set from a rotating source (distinct buffers used in rounds,
+their values redrawn between rounds, see measure.py), flushes the caches (a read over the
+last-level cache on cpu, over twice the L2 on cuda), and times both models in an order that
+is random per input slot and alternates from round to round (`balanced_order`): the trial
+right after a round's redraw times each model first equally often, so whatever that redraw
+leaves behind weighs on both sides alike. An optional check sees a sample of the candidate's timed outputs. On cpu the
 clock is the process's CPU time (`cpu_clock: cpu`, every thread counted, so work moved to
 another thread is still charged; it leaves out the time a shared machine takes the core
 away) or `perf_counter_ns` (`wall`, monotonic). On cuda, events bracket the call and a
@@ -142,12 +144,21 @@ def capture_graph(fn, args):
         return None
 
 
+def balanced_order(seed: int, slots: int):
+    """call -> whether the reference is timed first. Random per input slot, then alternating
+    from round to round, so each slot position (the first after a round's redraw included)
+    times either model first equally often (within one), whatever the number of trials."""
+    rng = random.Random(seed)
+    coins = [rng.random() < 0.5 for _ in range(max(1, slots))]
+    return lambda call: coins[call % len(coins)] != bool((call // len(coins)) % 2)
+
+
 def measure_interleaved(ref_fn, cand_fn, inputs, warmup: int, trials: int, clock: Clock,
                         seed: int, check=None) -> tuple[list, list]:
     """Paired timings (ms). `inputs.next()` gives each call's arguments (one per trial, both
     models on it); `check` sees the candidate's output of the calls it wants."""
     check = check or NoCheck()
-    rng = random.Random(seed)
+    ref_first = balanced_order(seed, len(inputs.slots))
     with torch.no_grad():
         for _ in range(warmup):
             call, args = inputs.next()
@@ -159,7 +170,7 @@ def measure_interleaved(ref_fn, cand_fn, inputs, warmup: int, trials: int, clock
             checked = check.wants(call)
             if checked:
                 check.expect(call, args)
-            order = ("ref", "cand") if rng.random() < 0.5 else ("cand", "ref")
+            order = ("ref", "cand") if ref_first(call) else ("cand", "ref")
             kept = None  # a checked trial keeps the reference's output alive (not a free block)
             for which in order:
                 if which == "ref" and checked:
@@ -195,7 +206,7 @@ def measure_graphs(ref_fn, cand_fn, inputs, warmup: int, trials: int, clock: Clo
         graphs.append((pair[0][0], pair[1][0], pair[1][1]))
     if not _replays_new_values(cand_fn, graphs[0][1], graphs[0][2], inputs):
         return None
-    rng = random.Random(seed)
+    ref_first = balanced_order(seed, len(inputs.slots))
     for _ in range(warmup):
         call, _args = inputs.next()
         ref_graph, cand_graph, _out = graphs[inputs.slot_of(call)]
@@ -208,7 +219,7 @@ def measure_graphs(ref_fn, cand_fn, inputs, warmup: int, trials: int, clock: Clo
         checked = check.wants(call)
         if checked:
             check.expect(call, args)
-        for which in (("ref", "cand") if rng.random() < 0.5 else ("cand", "ref")):
+        for which in (("ref", "cand") if ref_first(call) else ("cand", "ref")):
             if which == "ref":
                 ref_ms.append(clock.time_ms(ref_graph.replay, ()))
                 continue
