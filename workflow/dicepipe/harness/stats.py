@@ -1,10 +1,11 @@
 """Speedup estimates, their intervals and the repeat rule (pure functions).
 
 Reference and candidate are timed in pairs (same trial, same inputs, a balanced random
-order), so each trial gives one ratio ref/cand. The speedup is the ratio of the two medians; its interval is
-the distribution-free one for the median of the paired ratios (order statistics, from the
-binomial distribution of the sign test), widened by a relative noise floor that stands for
-what trial-to-trial scatter cannot show (clock and placement effects common to a whole run).
+order), so each trial gives one ratio ref/cand. The speedup is the ratio of the two medians;
+its interval is the distribution-free one for the median of the paired ratios (order
+statistics, from the binomial distribution of the sign test), widened by a relative noise
+floor that stands for what trial-to-trial scatter cannot show (clock and placement effects
+common to a whole run).
 """
 
 from __future__ import annotations

@@ -5,12 +5,13 @@ their values redrawn between rounds, see measure.py), flushes the caches (a read
 last-level cache on cpu, over twice the L2 on cuda), and times both models in an order that
 is random per input slot and alternates from round to round (`balanced_order`): the trial
 right after a round's redraw times each model first equally often, so whatever that redraw
-leaves behind weighs on both sides alike. An optional check sees a sample of the candidate's timed outputs. On cpu the
-clock is the process's CPU time (`cpu_clock: cpu`, every thread counted, so work moved to
-another thread is still charged; it leaves out the time a shared machine takes the core
-away) or `perf_counter_ns` (`wall`, monotonic). On cuda, events bracket the call and a
-device-wide synchronize comes before the closing event, so work a candidate hides on
-another stream is counted. In CUDA-graph mode each (model, input set) is captured once and replays are timed.
+leaves behind weighs on both sides alike. An optional check sees a sample of the candidate's
+timed outputs. On cpu the clock is the process's CPU time (`cpu_clock: cpu`, every thread
+counted, so work moved to another thread is still charged; it leaves out the time a shared
+machine takes the core away) or `perf_counter_ns` (`wall`, monotonic). On cuda, events
+bracket the call and a device-wide synchronize comes before the closing event, so work a
+candidate hides on another stream is counted. In CUDA-graph mode each (model, input set) is
+captured once and replays are timed.
 The clock functions are bound at import, before any candidate code runs, so a candidate that
 replaces `time.perf_counter_ns` or `torch.cuda.Event` does not change what is measured.
 """
