@@ -2,18 +2,17 @@
 
 Honest timing inputs: a candidate that serves its output from a cache (keyed by the input's
 address, or by a few of its values) would time near zero if timed calls reused the same
-input. So each repeat times on several input slots (distinct buffers, 2..8 as memory allows),
-used in rounds (each slot once per round), and between rounds every slot's values are
-redrawn in place from fresh seeds (through the task's own `get_inputs`, so they stay valid
-inputs): no call ever sees values an earlier call saw, and a buffer's address says nothing
-about its contents. The draws come in a batch between rounds rather than one before each
-reuse: on the CPU a draw just before every trial cost the verdict its power (DESIGN.md,
-item 10); now one trial per round follows draws. A sample of the
-timed candidate calls is checked against the reference's output for the same values
-(computed first, on a copy, under the same seed; the reference's timed output is kept alive
-and, on cuda, the free memory scrubbed before the candidate's call), so a cached output is
-caught in the plain verdict, not only by a flag. The reference is timed on the same slots,
-so the comparison stays fair.
+input. So each repeat times on several input slots (distinct buffers, 2..8 as memory
+allows), used in rounds (each slot once per round), and between rounds every slot's values
+are redrawn in place from fresh seeds (through the task's own `get_inputs`, so they stay
+valid inputs): no call ever sees values an earlier call saw, and a buffer's address says
+nothing about its contents. The draws come in a batch between rounds rather than one before
+each reuse: on the CPU a draw just before every trial cost the verdict its power (DESIGN.md,
+item 10); now one trial per round follows draws. A sample of the timed candidate calls is
+checked against the reference's output for the same values (computed first, on a copy, under
+the same seed; the reference's timed output is kept alive and, on cuda, the free memory
+scrubbed before the candidate's call), so a cached output is caught in the plain verdict,
+not only by a flag. The reference is timed on the same slots, so the comparison stays fair.
 """
 
 from __future__ import annotations
@@ -87,10 +86,15 @@ class RotatingInputs:
     def slot_of(self, call: int) -> int:
         return call % len(self.slots)
 
-    def redraw(self, k: int, salt: int) -> bool:
-        """New values into slot k's buffers in place (False if the task's shapes vary)."""
+    def redraw(self, k: int, salt: int, replace: bool = False) -> bool:
+        """New values into slot k's buffers in place. False if the task's shapes vary; then
+        `replace` puts the fresh inputs in the slot instead (new buffers)."""
         fresh = C.draw_inputs(self.get_inputs, self.seed + salt, self.device)
-        return _refill(self.slots[k], fresh)
+        if _refill(self.slots[k], fresh):
+            return True
+        if replace:
+            self.slots[k] = fresh
+        return False
 
     def next(self) -> tuple[int, list]:
         call = self.calls
@@ -99,10 +103,7 @@ class RotatingInputs:
         if call >= len(self.slots) and k == 0:  # a new round: fresh values for every slot
             for j in range(len(self.slots)):
                 # seeded by the call that will use them: every call's values are its own
-                fresh = C.draw_inputs(self.get_inputs, self.seed + call + j, self.device)
-                if not _refill(self.slots[j], fresh):  # a task that draws varying shapes
-                    self.slots[j] = fresh
-                del fresh
+                self.redraw(j, call + j, replace=True)
         return call, self.slots[k]
 
 
