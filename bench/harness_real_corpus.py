@@ -77,6 +77,11 @@ def summarize(rows: Sequence[Mapping], profile_names: Sequence[str]) -> dict:
     def block(subset: list[Mapping]) -> dict:
         counts = {"kernels": len(subset),
                   "compiled": sum(bool(r.get("compiled")) for r in subset),
+                  # loaded and ran, though a build it asked for failed: the candidate caught
+                  # the failed load_inline itself (its fallback then did the work)
+                  "compiled_build_failed": sum(bool(r.get("compiled"))
+                                               and bool(r.get("compile_log_tail"))
+                                               for r in subset),
                   "launch_bound": sum(bool(r.get("launch_bound")) for r in subset),
                   "flagged": sum(bool(r.get("flagged")) for r in subset)}
         for name in profile_names:
@@ -118,7 +123,9 @@ def first_line(text) -> str | None:
 
 def format_summary(summary: Mapping, profile_names: Sequence[str]) -> list[str]:
     def counts_line(label: str, c: Mapping) -> str:
-        parts = [f"{c['compiled']}/{c['kernels']} compiled"]
+        parts = [f"{c['compiled']}/{c['kernels']} compiled"
+                 + (f" ({c['compiled_build_failed']} of them past a failed build of their own)"
+                    if c.get("compiled_build_failed") else "")]
         for n in profile_names:
             parts.append(f"{n}: {c[f'correct_{n}']} correct, {c[f'correct_{n}_robust']} robust")
         parts.append(f"{c['flagged']} flagged, {c['launch_bound']} launch-bound")
@@ -186,7 +193,7 @@ def run_harness(jobs: list, settings, results_path: Path, budget_s: float | None
                       "done (run again to resume)", flush=True)
                 break
             part = session.evaluate(jobs[start:start + chunk], results_path=results_path,
-                                    progress=False)
+                                    progress=chunk >= len(jobs))  # one call: show its builds
             rows += part.to_pylist()
             print(f"{len(rows)}/{len(jobs)} kernels at {time.monotonic() - began:.0f} s",
                   flush=True)

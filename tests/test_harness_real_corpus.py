@@ -53,8 +53,9 @@ def judged(corpus_script):
         result("b__L2_1_0", compiled=False, correct=False, needed=None, error_phase="build"),
         result("b__L2_2_0", legacy=True, max_abs_error=5e-5),  # old row: fallback on the error
         result("b__L2_3_0", legacy=True, max_abs_error=5e-3, correct=False),
+        # loaded past its own failed build (a try/except around load_inline): torch did it
         result("c__L1_4_0", needed=0.0, precision="exact", flag_no_kernel=True,
-               flag_ext_not_called=True),
+               flag_ext_not_called=True, compile_log_tail="main.cpp:4: error: 'f' undeclared"),
     ]
     return corpus_script.per_kernel_rows(rows, MANIFEST, PROFILES)
 
@@ -78,7 +79,8 @@ def test_summary_counts(corpus_script):
     rows = judged(corpus_script)
     summary = corpus_script.summarize(rows, list(PROFILES))
     total = summary["total"]
-    assert total == {"kernels": 7, "compiled": 6, "launch_bound": 1, "flagged": 2,
+    assert total == {"kernels": 7, "compiled": 6, "compiled_build_failed": 1,
+                     "launch_bound": 1, "flagged": 2,
                      "correct_kernelbench": 4, "correct_kernelbench_robust": 2,
                      "correct_kernelbench_v0": 6, "correct_kernelbench_v0_robust": 4}
     assert summary["by_source"]["b"]["kernels"] == 3
@@ -96,7 +98,8 @@ def test_summary_text_names_every_flagged_kernel(corpus_script, tmp_path):
     summary = corpus_script.summarize(rows, list(PROFILES))
     lines = corpus_script.format_summary(summary, list(PROFILES))
     text = "\n".join(lines)
-    assert lines[0].startswith("all: 6/7 compiled; kernelbench: 4 correct, 2 robust; "
+    assert lines[0].startswith("all: 6/7 compiled (1 of them past a failed build of their own); "
+                               "kernelbench: 4 correct, 2 robust; "
                                "kernelbench_v0: 6 correct, 4 robust; 2 flagged, 1 launch-bound")
     assert "a__L1_3_0: try_fallback" in text
     assert "c__L1_4_0: ext_not_called,no_kernel" in text and "label=no_custom_kernel" in text
