@@ -4,6 +4,7 @@ system C++ compiler in well under a second; no nvcc, no torch headers)."""
 
 from __future__ import annotations
 
+import fcntl
 import os
 import shutil
 import subprocess
@@ -292,3 +293,61 @@ def test_a_first_try_with_a_fallback_stops_no_sibling(tmp_path, monkeypatch):
                                     cuda_compile=cuda_compile)
     assert notes == ["fell back"]
     assert (tmp_path / "finished").exists() and (tmp_path / "m.so").exists()
+
+
+HOST_FIRST_NINJA = """ninja_required_version = 1.3
+
+rule compile
+  command = echo host >> order && sleep 0.2 && echo 'main.cpp: error: undeclared name' >&2 && exit 1
+
+rule cuda_compile
+  command = echo cuda >> order && sleep 30.5 && touch cuda_finished
+
+rule link
+  command = touch $out
+
+build cuda.o: cuda_compile cuda.cu
+build main.o: compile main.cpp
+build m.so: link main.o cuda.o
+"""
+
+
+def test_main_cpp_takes_its_slot_before_its_cuda_unit(tmp_path, monkeypatch):
+    """One CPU slot and a main.cpp that is slow to ask for it (0.3 s before its command): the
+    cuda unit still waits, main.cpp fails in 0.2 s, and the 30 s nvcc never starts (without
+    the order, the cuda unit takes the free slot first and the failure waits behind it)."""
+    monkeypatch.setenv(compile_steps.SLOTS_ENV, "1")
+    (tmp_path / "build.ninja").write_text(HOST_FIRST_NINJA)
+
+    def slow_host(step):
+        if step["rule"] == "compile":
+            time.sleep(0.3)
+
+    start = time.monotonic()
+    with pytest.raises(compile_steps.StepError, match="undeclared name"):
+        compile_steps.run_steps(tmp_path / "build.ninja", tmp_path / "cache", slow_host)
+    assert (tmp_path / "order").read_text().split() == ["host"]
+    assert time.monotonic() - start < 20
+    assert _running("sleep 30.5") == []
+
+
+def test_a_host_unit_waiting_for_another_builders_lock_lets_cuda_go(tmp_path, monkeypatch):
+    """main.cpp waiting for a lock another builder holds (a precompiled header being made)
+    holds nothing back: the cuda unit takes the slot meanwhile, and the build succeeds."""
+    monkeypatch.setenv(compile_steps.SLOTS_ENV, "1")
+    (tmp_path / "build.ninja").write_text(
+        HOST_FIRST_NINJA.replace(" && sleep 0.2 && echo 'main.cpp: error: undeclared name' >&2"
+                                 " && exit 1", "").replace(" && sleep 30.5", ""))
+    lock_path = tmp_path / "pch.lock"
+    held = open(lock_path, "w")  # noqa: SIM115 - released by the timer below
+    fcntl.flock(held, fcntl.LOCK_EX)
+    threading.Timer(0.5, held.close).start()
+
+    def pch_wait(step):
+        if step["rule"] == "compile":
+            with open(lock_path, "w") as handle:
+                compile_steps.wait_for_lock(handle)
+
+    compile_steps.run_steps(tmp_path / "build.ninja", tmp_path / "cache", pch_wait)
+    assert (tmp_path / "order").read_text().split() == ["cuda", "host"]
+    assert (tmp_path / "m.so").exists() and (tmp_path / "cuda_finished").exists()

@@ -7,6 +7,11 @@ file would run (same flags, same order of arguments) and runs them itself:
   first unit that fails stops its siblings (a queued one never starts, a running compiler
   and its children are killed), so a file whose bindings do not compile frees its CPU slots
   in the seconds main.cpp takes, not the minute nvcc would;
+- main.cpp goes first: a build's cuda unit takes no CPU slot while its host unit still
+  waits for one, so when slots are scarce a failing main.cpp is not queued behind its own
+  nvcc (on the real corpus such builds waited 39-201 s for a slot). A host unit that must
+  wait for another builder's lock (a precompiled header being made) lets the cuda unit go
+  ahead meanwhile;
 - every compiler process first takes one of the machine's CPU slots (a lock file among
   `slots` in the cache, shared by every builder process), so there are never more compilers
   than cores however many builds are in flight, and a build waiting for a precompiled header
@@ -48,6 +53,37 @@ _local = threading.local()
 def _cancelled() -> bool:
     event = getattr(_local, "cancel", None)
     return event is not None and event.is_set()
+
+
+class HostFirst:
+    """How many host units (rule `compile`: main.cpp) of one build are still in line for a
+    CPU slot; the build's other units take none while any is (see the module docstring).
+    A host unit leaves the line once: when it takes a slot, when it has to wait for another
+    builder's lock, or when its step ends, whichever comes first."""
+
+    def __init__(self, in_line: int):
+        self._in_line = in_line
+        self._lock = threading.Lock()
+
+    def waiting(self) -> bool:
+        with self._lock:
+            return self._in_line > 0
+
+    def leave(self) -> None:
+        with self._lock:
+            self._in_line -= 1
+
+
+def _host_leaves_line() -> None:
+    if getattr(_local, "host_in_line", False):
+        _local.host_in_line = False
+        _local.host_first.leave()
+
+
+def _yields_to_host() -> bool:
+    """A cuda (or other non-host) unit whose build's main.cpp still waits for a slot."""
+    gate = getattr(_local, "host_first", None)
+    return (gate is not None and not getattr(_local, "is_host", False) and gate.waiting())
 
 
 @contextlib.contextmanager
@@ -192,6 +228,7 @@ def wait_for_lock(handle) -> None:
             fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
             return
         except BlockingIOError:
+            _host_leaves_line()  # another builder holds it: no reason to hold nvcc back
             waiting()
             time.sleep(delay)
             delay = min(delay * 2, 0.5)
@@ -209,7 +246,7 @@ def cpu_slot(cache: Path):
     start = os.getpid() % count  # spread first attempts over the slots
     delay = 0.02
     while True:
-        for k in range(count):
+        for k in range(0 if _yields_to_host() else count):
             path = folder / f"{(start + k) % count}.lock"
             handle = open(path, "w")  # noqa: SIM115 - held over the yield
             try:
@@ -217,6 +254,7 @@ def cpu_slot(cache: Path):
             except BlockingIOError:
                 handle.close()
                 continue
+            _host_leaves_line()
             with _wait_lock:
                 _wait_state["held"] += 1
                 if _wait_state["held"] == 1 and _wait_state["hook"] is not None:
@@ -276,16 +314,21 @@ def run_steps(ninja_file: Path, cache: Path, before_compile=None, cuda_compile=N
     lock = threading.Lock()
 
     cancel = threading.Event()
+    host_first = HostFirst(sum(step["rule"] == "compile" for step in compiles))
 
     def one(step: dict) -> None:
         _local.cancel = cancel
+        _local.host_first = host_first
+        _local.is_host = _local.host_in_line = step["rule"] == "compile"
         try:
             run_one(step)
         except BaseException:
             cancel.set()  # the other units stop: this build has failed
             raise
         finally:
-            _local.cancel = None
+            _host_leaves_line()
+            _local.cancel = _local.host_first = None
+            _local.is_host = False
 
     def run_one(step: dict) -> None:
         if before_compile is not None:
