@@ -120,8 +120,6 @@ def test_host_pass_falls_back_without_a_module_id(tmp_path):
 def test_a_queued_build_reports_waiting_until_it_gets_a_slot(tmp_path, monkeypatch):
     """Waiting for a CPU slot sends heartbeats (the build's timeout must not count the
     queue); taking the slot sends "build"; a holder of a slot sends nothing more."""
-    import fcntl
-
     monkeypatch.setenv(compile_steps.SLOTS_ENV, "1")
     monkeypatch.setattr(compile_steps, "HEARTBEAT_S", 0.05)
     phases: list[str] = []
