@@ -115,6 +115,18 @@ def test_loss_matches_a_direct_computation():
     assert abs(float(terms.loss.detach()) - expected / 16) < 1e-5
 
 
+def test_frozen_reference_is_the_starting_policy(params, tmp_path, one_thread):
+    """kl_reference frozen with lr 0: the policy never moves, so its KL to the frozen copy is
+    exactly 0 in every update (a copy that missed a weight or buffer would not be)."""
+    _run(tmp_path / "kl", _settings(params, steps=3, learning_rate=0.0, kl_reference="frozen",
+                                    kl_beta=0.05))
+    lines = (tmp_path / "kl" / "metrics" / "steps.tsv").read_text().splitlines()
+    header = lines[0].split("\t")
+    rows = [dict(zip(header, line.split("\t"))) for line in lines[1:]]
+    assert sum(int(r["updates"]) for r in rows) > 0, rows
+    assert all(abs(float(r["kl"])) < 1e-9 for r in rows), rows
+
+
 def test_resume_after_a_kill_reproduces_the_next_step(params, tmp_path, one_thread):
     settings = _settings(params, steps=3, kl_reference="frozen", kl_beta=0.01)
     full_summary, _ = _run(tmp_path / "full", settings, RunOptions(keep_checkpoints=True))

@@ -33,7 +33,7 @@ from .metrics import StepLog, write_summary
 from .optim import make_adamw
 from .parallel import DistEnv, all_reduce_sum, barrier
 from .rl_reward import Reward, group_advantages
-from .rl_rollout import RolloutModel, decode_settings, roll_out
+from .rl_rollout import RolloutModel, decode_settings, device_copy, roll_out
 from .rl_tasks import EncodedTasks, task_schedule
 from .rl_update import TraceScorer, build_policy, train_on_rollouts
 
@@ -147,7 +147,11 @@ def run_rl(loaded: LoadedModel, tasks: EncodedTasks, val: EncodedTasks, reward: 
     rollout = RolloutModel(loaded.model, loaded.settings, env, compile_layers=s["rollout_compile"])
     ref = None
     if s["kl_reference"] == "frozen":
-        frozen, _ = build_policy(copy.deepcopy(loaded.model), loaded.settings.block_size, s, env, trainable=False)
+        # One process: the copy is made on the device, tensor by tensor, so the host never
+        # holds a second fp32 model; FSDP shards a host module, so ranks copy on the host.
+        source = (copy.deepcopy(loaded.model) if env.distributed
+                  else device_copy(loaded.model, env.device, torch.float32))
+        frozen, _ = build_policy(source, loaded.settings.block_size, s, env, trainable=False)
     policy, bf16 = build_policy(loaded.model, loaded.settings.block_size, s, env)
     scorer = TraceScorer(policy, s, loaded.settings, env, bf16)
     if s["kl_reference"] == "frozen":
