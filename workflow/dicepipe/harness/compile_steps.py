@@ -9,9 +9,8 @@ file would run (same flags, same order of arguments) and runs them itself:
   in the seconds main.cpp takes, not the minute nvcc would;
 - main.cpp goes first: a build's cuda unit takes no CPU slot while its host unit still
   waits for one, so when slots are scarce a failing main.cpp is not queued behind its own
-  nvcc (on the real corpus such builds waited 39-201 s for a slot). A host unit that must
-  wait for another builder's lock (a precompiled header being made) lets the cuda unit go
-  ahead meanwhile;
+  nvcc. A host unit that must wait for another builder's lock (a precompiled header being
+  made) lets the cuda unit go ahead meanwhile;
 - every compiler process first takes one of the machine's CPU slots (a lock file among
   `slots` in the cache, shared by every builder process), so there are never more compilers
   than cores however many builds are in flight, and a build waiting for a precompiled header
