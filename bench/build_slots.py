@@ -5,7 +5,8 @@ runs builds made of stand-in commands (`sleep`, so the figures measure the sched
 compiler): every build has a host unit (main.cpp) and a cuda unit (cuda.cu); in the failing
 builds main.cpp fails after `--host-s` seconds (bindings that name an undeclared function:
 most failed builds of the real corpus), in the others both units succeed. `--builders`
-builds run at a time over `--slots` slots, as the harness runs more builders than slots.
+builds run at a time over `--slots` slots (the harness runs one builder per slot, so a
+build's two units compete with the other builds' for them).
 
 Two modes on the same builds, alternated over `--rounds` rounds:
   any-order   a unit takes whichever slot frees first (the harness before session 8)
