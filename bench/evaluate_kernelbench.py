@@ -54,7 +54,7 @@ def run_folder(args) -> dict:
     from dicepipe.evaluation.report import task_columns, task_rows, write_csv
     from dicepipe.evaluation.scoring import score
     from dicepipe.harness import HarnessSession, HarnessSettings
-    from dicepipe.harness.verdict import tolerance_profile
+    from dicepipe.harness.verdict import named_protocol
 
     params = _params()
     out = Path(args.out)
@@ -66,24 +66,24 @@ def run_folder(args) -> dict:
     candidates = read_folder(folder, tasks, out)
     settings = HarnessSettings.from_params(params["harness"], repeats=args.repeats,
                                            decision_thresholds=params["evaluate"]["fast_p"])
-    profiles = [tolerance_profile(n, params["tolerance_profiles"]) for n in params["evaluate"]["profiles"]]
+    protocols = [named_protocol(n, params["protocols"]) for n in params["evaluate"]["protocols"]]
     start = time.perf_counter()
     with HarnessSession(settings) as session:
         records = score(session, tasks, candidates, args.backend, Path(args.resume_dir))
     wall_s = time.perf_counter() - start
-    summary = summarize(records, "copies", profiles, params["evaluate"]["fast_p"], [1])
+    summary = summarize(records, "copies", protocols, params["evaluate"]["fast_p"], [1])
     write_csv(summary, out / "summary.csv")
-    write_csv(task_rows(records, "copies", profiles), out / "tasks.csv", task_columns(profiles))
+    write_csv(task_rows(records, "copies", protocols), out / "tasks.csv", task_columns(protocols))
     return _folder_report(records, summary, wall_s)
 
 
 def _folder_report(records, summary, wall_s: float) -> dict:
-    from dicepipe.harness.verdict import tolerance_profile, verdict
+    from dicepipe.harness.verdict import named_protocol, verdict
 
-    kb = tolerance_profile("kernelbench")
+    kb = named_protocol("kernelbench")
     ran = [r for r in records if r["result"] and r["result"].get("compiled")]
-    plain = [r for r in records if r["reference_ok"] and verdict(r["result"], profile=kb, robust=False)]
-    robust = [r for r in records if r["reference_ok"] and verdict(r["result"], profile=kb, robust=True)]
+    plain = [r for r in records if r["reference_ok"] and verdict(r["result"], protocol=kb, robust=False)]
+    robust = [r for r in records if r["reference_ok"] and verdict(r["result"], protocol=kb, robust=True)]
     speedups = sorted(r["result"]["speedup_median"] for r in plain if r["result"].get("speedup_median"))
     far = [(r["task_id"], round(r["result"]["speedup_median"], 3)) for r in plain
            if r["result"].get("speedup_median") and abs(r["result"]["speedup_median"] - 1) > 0.05]

@@ -3,16 +3,16 @@
 The corpus (kept out of the repository, e.g. .carry/realcorpus/) holds candidates/<key>.py,
 references/<key>.py with the same file names, and manifest.jsonl (key, source, level, problem,
 provenance, notes). Every pair runs through the harness once (cuda, repeats 1, params.yaml's
-harness settings), then each row is judged under every tolerance profile, plain and robust,
-through harness.verdict; nothing is re-measured to change a profile.
+harness settings), then each row is judged under every tolerance protocol, plain and robust,
+through harness.verdict; nothing is re-measured to change a protocol.
 
     PYTHONUNBUFFERED=1 PYTHONPATH=workflow python3 bench/harness_real_corpus.py \
         --corpus .carry/realcorpus --out $OUT/realcorpus
     python3 bench/harness_real_corpus.py --corpus .carry/realcorpus --out x --summarize-only
 
 Writes <out>/per_kernel.parquet and .csv (one row per kernel: manifest fields, the result row,
-the verdict per profile, the flags set) and <out>/summary.txt / summary.json: compiled, correct
-per profile (plain and robust), rows per flag, launch-bound rows, per source, and every
+the verdict per protocol, the flags set) and <out>/summary.txt / summary.json: compiled, correct
+per protocol (plain and robust), rows per flag, launch-bound rows, per source, and every
 flagged kernel with its flags, so a person can read each one and judge the flag.
 """
 
@@ -26,11 +26,11 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from dicepipe.harness.verdict import BUILTIN_PROFILES, ToleranceProfile, is_flagged, judge
+from dicepipe.harness.verdict import BUILTIN_PROTOCOLS, Protocol, is_flagged, judge, named_protocol
 
 ROOT = Path(__file__).resolve().parents[1]
 
-PROFILE_NAMES = ("kernelbench", "kernelbench_v0")
+PROFILE_NAMES = ("kernelbench", "kernelbench_v0", "release_reward", "strict")
 # Manifest fields copied beside each result row (the rest stays in manifest.jsonl).
 MANIFEST_FIELDS = ("source", "repo", "commit", "path", "level", "problem_id", "problem_name",
                    "label", "expected", "model", "static_hints", "notes")
@@ -42,30 +42,30 @@ def flags_set(row: Mapping) -> list[str]:
     return sorted(name for name, value in row.items() if name.startswith("flag_") and value)
 
 
-def correct_under(row: Mapping, profile: ToleranceProfile) -> tuple[bool, str]:
-    """(correct under the profile, how it was decided), robustness aside.
+def correct_under(row: Mapping, protocol: Protocol) -> tuple[bool, str]:
+    """(correct under the protocol, how it was decided), robustness aside.
 
     Rows with `tolerance_needed` go through the one verdict function. Older rows (a harness
-    before issue 11) only carry `max_abs_error`, an absolute error: at most the profile's fp32
+    before issue 11) only carry `max_abs_error`, an absolute error: at most the protocol's fp32
     tolerance is enough for allclose (atol alone covers it), so the fallback never accepts a
     row the real rule would reject, only misses some that a relative tolerance would accept.
     """
     if "tolerance_needed" in row:
-        return judge(row, profile=profile, robust=False) == "accepted", "tolerance_needed"
+        return judge(row, protocol=protocol, robust=False) == "accepted", "tolerance_needed"
     error = row.get("max_abs_error")
     if not row.get("compiled") or error is None or not math.isfinite(float(error)):
         return False, "max_abs_error"
     if row.get("error_phase") not in (None, "correct", "timing"):
         return False, "max_abs_error"
-    return float(error) <= profile.allowed(row.get("output_precision")), "max_abs_error"
+    return float(error) <= protocol.allowed(row.get("output_precision")), "max_abs_error"
 
 
-def judge_row(row: Mapping, profiles: Mapping[str, ToleranceProfile]) -> dict:
+def judge_row(row: Mapping, protocols: Mapping[str, Protocol]) -> dict:
     """The derived columns of one per-kernel row."""
     flagged = is_flagged(row)
     out = {"flags": ",".join(f[5:] for f in flags_set(row)), "flagged": flagged}
-    for name, profile in profiles.items():
-        ok, basis = correct_under(row, profile)
+    for name, protocol in protocols.items():
+        ok, basis = correct_under(row, protocol)
         out[f"correct_{name}"] = ok
         out[f"correct_{name}_robust"] = ok and not flagged
         out["correct_basis"] = basis
@@ -139,10 +139,10 @@ def format_summary(summary: Mapping, profile_names: Sequence[str]) -> list[str]:
     if summary["error_phases"]:
         lines.append(f"rows with an error, by phase: {summary['error_phases']}")
     if summary["profiles_disagree"]:
-        lines.append(f"profiles disagree on {len(summary['profiles_disagree'])}: "
+        lines.append(f"protocols disagree on {len(summary['profiles_disagree'])}: "
                      + ", ".join(summary["profiles_disagree"]))
     if summary["source_says_correct_harness_not"]:
-        lines.append("the source reports correct, no profile here does: "
+        lines.append("the source reports correct, no protocol here does: "
                      + ", ".join(summary["source_says_correct_harness_not"]))
     lines.append(f"flagged kernels ({len(summary['flagged'])}):")
     for f in summary["flagged"]:
@@ -200,21 +200,20 @@ def run_harness(jobs: list, settings, results_path: Path, budget_s: float | None
     return rows
 
 
-def load_profiles(params: Mapping | None) -> dict[str, ToleranceProfile]:
-    table = (params or {}).get("tolerance_profiles") or BUILTIN_PROFILES
-    return {n: ToleranceProfile(n, float(table[n]["fp32"]), float(table[n]["low_precision"]))
-            for n in PROFILE_NAMES if n in table}
+def load_profiles(params: Mapping | None) -> dict[str, Protocol]:
+    table = (params or {}).get("protocols") or BUILTIN_PROTOCOLS
+    return {n: named_protocol(n, table) for n in PROFILE_NAMES if n in table}
 
 
 def per_kernel_rows(result_rows: list[dict], manifest: Mapping[str, dict],
-                    profiles: Mapping[str, ToleranceProfile]) -> list[dict]:
+                    protocols: Mapping[str, Protocol]) -> list[dict]:
     rows = []
     for r in result_rows:
         meta = manifest.get(r["job_id"], {})
         row = {k: meta.get(k) for k in MANIFEST_FIELDS}
         row["static_hints"] = ",".join(meta.get("static_hints") or [])
         row.update(r)
-        row.update(judge_row(r, profiles))
+        row.update(judge_row(r, protocols))
         rows.append(row)
     return rows
 
@@ -259,7 +258,7 @@ def main() -> None:
     from dicepipe.config import load_params
 
     params = load_params(args.params)
-    profiles = load_profiles(params)
+    protocols = load_profiles(params)
     manifest = read_manifest(args.corpus)
     results = args.results or args.out / "results.parquet"
     if args.summarize_only:
@@ -280,9 +279,9 @@ def main() -> None:
         result_rows = run_harness(jobs, settings, results, args.budget_s,
                                   args.chunk or len(jobs) or 1)
         print(f"harness: {time.monotonic() - began:.0f} s", flush=True)
-    rows = per_kernel_rows(result_rows, manifest, profiles)
-    summary = summarize(rows, list(profiles))
-    lines = format_summary(summary, list(profiles))
+    rows = per_kernel_rows(result_rows, manifest, protocols)
+    summary = summarize(rows, list(protocols))
+    lines = format_summary(summary, list(protocols))
     write_outputs(rows, summary, lines, args.out)
     print("\n".join(lines))
     print(f"per-kernel table: {args.out / 'per_kernel.parquet'}")

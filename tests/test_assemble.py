@@ -7,9 +7,9 @@ import pytest
 from dicepipe.data import cuke
 from dicepipe.data.infill import split_for_infilling
 from dicepipe.data.prompts import end_to_end_prompt
-from dicepipe.harness.verdict import tolerance_profile
+from dicepipe.harness.verdict import Protocol, named_protocol
 
-KB = tolerance_profile("kernelbench")
+KB = named_protocol("strict")  # assemble's and augment's default
 
 CUDA_FILE = '''import torch
 import torch.nn as nn
@@ -68,7 +68,7 @@ def test_flagged_counts_when_not_robust():
 def test_tolerance_profile_decides_without_remeasuring():
     tf32 = {**_m(3.0), "tolerance_needed": 2e-3, "output_precision": "fp32"}
     assert cuke.verdict(tf32, 2.0, True, KB) == "incorrect"
-    assert cuke.verdict(tf32, 2.0, True, tolerance_profile("kernelbench_v0")) == "kept"
+    assert cuke.verdict(tf32, 2.0, True, Protocol("strict_v0", "strict", 1e-2, 1e-2)) == "kept"
 
 
 SETTINGS = {"speedup_threshold": 2.0, "robust": True, "val_fraction": 0.25, "min_val_samples": 1, "seed": 0}

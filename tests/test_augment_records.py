@@ -12,9 +12,9 @@ from dicepipe.augment.records import (
 )
 from dicepipe.augment.shapes import BlockShape
 from dicepipe.augment.tasks import Task
-from dicepipe.harness.verdict import tolerance_profile
+from dicepipe.harness.verdict import named_protocol
 
-KB = tolerance_profile("kernelbench")
+KB = named_protocol("strict")  # assemble's and augment's default
 
 GOOD = {"compiled": True, "correct": True, "correct_robust": True, "speedup_median": 1.3,
         "speedup_low": 1.1, "speedup_high": 1.5, "error": None}
@@ -25,7 +25,7 @@ def _task(name: str, family: str = "mha") -> Task:
 
 
 def test_classify_follows_the_verdict_order():
-    kw = {"threshold": 1.0, "statistic": "low", "robust": True, "profile": KB}
+    kw = {"threshold": 1.0, "statistic": "low", "robust": True, "protocol": KB}
     assert classify(GOOD, **kw) == "kept"
     assert classify({**GOOD, "compiled": False, "correct": False}, **kw) == "build_failed"
     assert classify({**GOOD, "correct": False}, **kw) == "incorrect"
@@ -37,7 +37,7 @@ def test_classify_follows_the_verdict_order():
 
 def test_lower_bound_is_stricter_than_the_median():
     noisy = {**GOOD, "speedup_median": 1.05, "speedup_low": 0.97}
-    kw = {"robust": True, "profile": KB}
+    kw = {"robust": True, "protocol": KB}
     assert classify(noisy, threshold=1.0, statistic="low", **kw) == "too_slow"
     assert classify(noisy, threshold=1.0, statistic="median", **kw) == "kept"
     assert classify(GOOD, threshold=1.1, statistic="low", **kw) == "too_slow"  # strictly above

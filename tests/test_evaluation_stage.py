@@ -110,9 +110,30 @@ def _read_csv(path: Path) -> list[dict]:
         return list(csv.DictReader(fh))
 
 
+def _scripted_model(monkeypatch, author) -> None:
+    """The evaluated model decodes through a scripted author (tests/scripted_policy.py) in
+    place of its Decoder, the interface generation calls; baselines load as they are."""
+    from dicepipe.evaluation import generate
+    from scripted_policy import ScriptedDecoder
+
+    real_load = generate.load_generator
+
+    def load_generator(model_ref, name, *args, **kwargs):
+        gen = real_load(model_ref, name, *args, **kwargs)
+        if name == "model":
+            gen.decoder = ScriptedDecoder(author, gen.tokenizer, gen.settings)
+        return gen
+
+    monkeypatch.setattr(generate, "load_generator", load_generator)
+
+
 @pytest.mark.slow
 def test_evaluate_stage_with_model_and_folder_baselines(repo_root, tmp_path, monkeypatch, build_cache_dir):
+    """The model writes, per task, two samples (tests/scripted_policy.py): for 1_Sigmoid a real
+    kernel and one that compiles but is wrong, for L2/3 prose without code."""
     import torch
+    from scripted_policy import (NO_CODE, RIGHT, WRONG_VALUES, ScriptedAuthor, answer_kind,
+                                 sigmoid_kernel, sigmoid_reference)
 
     torch.manual_seed(0)
     params = yaml.safe_load((repo_root / "params.yaml").read_text())
@@ -120,7 +141,7 @@ def test_evaluate_stage_with_model_and_folder_baselines(repo_root, tmp_path, mon
                              timing_trials_cpu=10, cache_dir=str(build_cache_dir))
     params["benchmarks"]["seed"].update(path=str(repo_root / "data/seed/benchmark"),
                                         tasks=["L1/1_Sigmoid", "L2/3"])
-    params["evaluate"]["overrides"]["tiny"].update(max_new_tokens=12, samples=2, temperature=1.0)
+    params["evaluate"]["overrides"]["tiny"].update(max_new_tokens=1024, samples=2, temperature=1.0)
     params["evaluate"]["pass_k"] = [1, 2]
     params["baselines"]["tiny"] = [{"name": "gpt2", "model": str(tmp_path / "gpt2")},
                                    {"name": "copies", "folder": "copies"}]
@@ -130,6 +151,9 @@ def test_evaluate_stage_with_model_and_folder_baselines(repo_root, tmp_path, mon
     _save_causal_baseline(tmp_path / "gpt2")
     assert main(["benchmark", "--name", "seed", "--out", "data/benchmark/seed.parquet"]) == 0
     tasks = pq.read_table("data/benchmark/seed.parquet").to_pylist()
+    layer_norm_relu = next(t["reference_code"] for t in tasks if t["task_id"].startswith("L2/3"))
+    _scripted_model(monkeypatch, ScriptedAuthor({sigmoid_reference(): (sigmoid_kernel(), [RIGHT, WRONG_VALUES]),
+                                                 layer_norm_relu: (None, [NO_CODE])}))
     write_reference_copies(tasks, tmp_path / "copies")
     args = ["evaluate", "--scale", "tiny", "--model", "models/sft/tiny",
             "--benchmark", "data/benchmark/seed.parquet", "--out-dir", "results/kernelbench_tiny",
@@ -140,7 +164,15 @@ def test_evaluate_stage_with_model_and_folder_baselines(repo_root, tmp_path, mon
     assert [r["level"] for r in summary] == ["1", "2", "all"]
     assert summary[-1]["samples_per_task"] == "2" and summary[-1]["reference_failed"] == "0"
     generations = pq.read_table("results/kernelbench_tiny/generations.parquet").to_pylist()
-    assert len(generations) == 4 and all(g["new_tokens"] <= 12 for g in generations)
+    assert len(generations) == 4 and all(g["new_tokens"] <= 1024 and g["stopped"] for g in generations)
+    assert [(g["task_id"], answer_kind(g["text"])) for g in generations] == [
+        ("L1/1_Sigmoid", RIGHT), ("L1/1_Sigmoid", WRONG_VALUES), ("L2/3_LayerNorm_ReLU_Scale", NO_CODE),
+        ("L2/3_LayerNorm_ReLU_Scale", NO_CODE)]
+    # the model's kernels are scored: Exec counts the right one of Sigmoid's two samples
+    model = {r["level"]: r for r in summary}
+    for verdict in ("plain", "robust"):
+        assert [model[level][f"kernelbench.{verdict}.exec"] for level in ("1", "2", "all")] == [
+            "0.5", "0", "0.25"], verdict
     compare = _read_csv(tmp_path / "results/kernelbench_compare_tiny.csv")
     assert [(r["system"], r["level"]) for r in compare][:3] == [("model", "1"), ("gpt2", "1"), ("copies", "1")]
     copies = {r["level"]: r for r in _read_csv(tmp_path / "results/kernelbench_tiny/baselines/copies.csv")}
@@ -185,7 +217,7 @@ def test_generation_resumes_from_its_journal(repo_root, tmp_path):
     from dicepipe.evaluation.generate import GenerationSettings, generate_texts, load_generator
 
     _save_tiny_block_model(tmp_path / "m", repo_root)
-    settings = GenerationSettings(max_new_tokens=8, batch_size=2, bf16=False, compile=False)
+    settings = GenerationSettings(max_new_tokens=8, batch_size=2, dtype="fp32", compile=False)
     gen = load_generator(str(tmp_path / "m"), "m", settings)
     prompts = ["add two tensors", "relu", "softmax over rows"]
     journal = tmp_path / "gen.jsonl"

@@ -17,7 +17,7 @@ import textwrap
 
 import pytest
 from dicepipe.harness import DYNAMIC_FLAGS, FLAG_COLUMNS, evaluate
-from dicepipe.harness.verdict import BUILTIN_PROFILES, is_correct, tolerance_profile
+from dicepipe.harness.verdict import BUILTIN_PROTOCOLS, is_correct, named_protocol
 from test_harness_helpers import RELU_REF, by_id, extension_candidate, job, settings
 
 # One extension for every exact-output case. The embedding asserts its indices are in range
@@ -175,7 +175,7 @@ def test_right_kernels_of_exact_tasks_are_robust_correct(rows, name):
     assert [f for f in FLAG_COLUMNS if row[f]] == []
     assert row["output_precision"] == "exact" and row["tolerance_needed"] == 0.0
     assert row["correct_trials_passed"] == 5 and row["speedup_median"] is not None
-    assert is_correct(row, tolerance_profile("kernelbench"), robust=True)
+    assert is_correct(row, named_protocol("kernelbench"), robust=True)
 
 
 def test_a_task_whose_answer_never_changes_is_marked_not_the_candidate(rows):
@@ -205,7 +205,7 @@ def test_structure_of_the_drawn_inputs_survives_every_variant(rows, name):
     row = rows[name]
     assert row["correct"] and row["correct_robust"], (name, row["error"])
     assert row["variants_run"] == ["as_drawn", "negated", "centered_x4", "shift_scale", "normal"]
-    assert is_correct(row, tolerance_profile("kernelbench"), robust=True)
+    assert is_correct(row, named_protocol("kernelbench"), robust=True)
 
 
 def test_variants_keep_zeros_and_equal_values():
@@ -237,10 +237,10 @@ def test_tolerance_needed_row(rows):
     # (the shifted and scaled trial reaches 4.5), so the tolerance needed is 1e-3 / 2
     assert row["tolerance_needed"] == pytest.approx(5e-4, rel=1e-4)
     assert row["correct"] and row["correct_trials_passed"] == 5  # within max_tolerance 1e-2
-    assert row["speedup_median"] is not None  # timed, so any profile can judge it later
-    assert not is_correct(row, tolerance_profile("kernelbench"), robust=True)
-    assert is_correct(row, tolerance_profile("kernelbench_v0"), robust=True)
-    assert BUILTIN_PROFILES["kernelbench"]["fp32"] < 5e-4 < BUILTIN_PROFILES["kernelbench_v0"]["fp32"]
+    assert row["speedup_median"] is not None  # timed, so any protocol can judge it later
+    assert not is_correct(row, named_protocol("kernelbench"), robust=True)
+    assert is_correct(row, named_protocol("kernelbench_v0"), robust=True)
+    assert BUILTIN_PROTOCOLS["kernelbench"]["fp32"] < 5e-4 < BUILTIN_PROTOCOLS["kernelbench_v0"]["fp32"]
 
 
 def test_address_cache_is_incorrect_with_no_speedup(rows):

@@ -1,6 +1,7 @@
-"""One rendering of a conversation for every consumer: SFT, evaluation and the augment
+"""One rendering of a conversation for every consumer: SFT, evaluation, RL and the augment
 `local` author turn the same user text into the same prompt ids, with the real SDAR-8B-Chat
-tokenizer and chat template (../shared/data/sdar-8b-chat; skipped where it is absent)."""
+tokenizer and chat template (../shared/data/sdar-8b-chat; skipped where it is absent).
+The empty-think option: tests/test_prompt_sources.py."""
 
 from __future__ import annotations
 
@@ -46,12 +47,20 @@ def test_sft_evaluation_and_local_author_render_the_same_ids(sdar_tokenizer):
 
     rl = encode_tasks([Task("t", 1, reference, user)], tok, 10_000).prompt_ids[0]
     assert rl == evaluation
-    # the same as the template's own generation prompt with thinking off: the open
-    # assistant turn carries the empty <think> block the template writes before a response
+    # the template's own generation prompt, called as the release's evaluation calls it (no
+    # enable_thinking): the open assistant turn, no think block ...
     templated = tok.apply_chat_template([{"role": "user", "content": user}], tokenize=False,
-                                        add_generation_prompt=True, enable_thinking=False)
+                                        add_generation_prompt=True)
     assert tok.decode(evaluation) == templated
-    assert templated.endswith("<|im_start|>assistant\n<think>\n\n</think>\n\n")
+    assert templated.endswith("<|im_start|>assistant\n")
+    # ... which SFT trains as the start of the response, as LLaMA-Factory's qwen3 template
+    # does with thinking on (the release's SFT): the pair renders as the template writes it
+    sft_text = tok.decode(sft.input_ids)
+    pair = tok.apply_chat_template([{"role": "user", "content": user},
+                                    {"role": "assistant", "content": response_text("class ModelNew: pass")}],
+                                   tokenize=False)
+    assert sft_text.startswith(pair.rstrip("\n"))
+    assert tok.decode(sft.input_ids[len(sft_prompt):]).startswith("<think>\n\n</think>\n\n```python")
     assert 151645 in _stop_ids(tok)  # <|im_end|> ends the turn
     assert sft.input_ids[len(sft_prompt):][-1] in (151645, tok.pad_token_id)
 

@@ -92,7 +92,7 @@ def _rollout(code):
 
 
 def test_kernel_reward_uses_the_robust_verdict_and_profile():
-    from dicepipe.harness.verdict import tolerance_profile
+    from dicepipe.harness.verdict import named_protocol
 
     base = {"compiled": True, "correct": True, "output_precision": "fp32", "speedup_low": 3.0}
     rows = {"good": {**base, "tolerance_needed": 1e-6, "flag_calls_reference": False},
@@ -100,18 +100,26 @@ def test_kernel_reward_uses_the_robust_verdict_and_profile():
             "deceptive": {**base, "tolerance_needed": 0.0, "flag_calls_reference": True},
             "broken": {**base, "compiled": False, "correct": False, "tolerance_needed": None}}
     session = FakeSession(rows)
-    reward = KernelReward(session, tolerance_profile("kernelbench"), robust=True, backend="cpu")
+    reward = KernelReward(session, named_protocol("kernelbench"), robust=True, backend="cpu")
     rollouts = [_rollout(c) for c in ("good", "loose", "deceptive", "broken", None)]
     assert reward(rollouts) == [1.0, 0.0, 0.0, 0.0, 0.0]
     assert len(session.calls[0][0]) == 4 and session.calls[0][1] is False  # correctness only
-    v0 = KernelReward(session, tolerance_profile("kernelbench_v0"), robust=True, backend="cpu",
+    v0 = KernelReward(session, named_protocol("kernelbench_v0"), robust=True, backend="cpu",
                       latency_weight=0.5, latency_cap_speedup=9.0)
-    assert v0(rollouts)[:2] == pytest.approx([1.25, 1.25])  # 1 + 0.5 x log 3 / log 9 and session.calls[-1][1] is True
+    assert v0(rollouts)[:2] == pytest.approx([1.25, 1.25])  # 1 + 0.5 x log 3 / log 9
+    assert session.calls[-1][1] is True  # a latency term: speed is measured
 
 
-def test_stage_runs_through_the_cli_on_a_tiny_saved_model(repo_root, params, tmp_path, build_cache_dir):
-    """rl-e2e on CPU: the random model writes no kernel, groups are dropped, the stage still
-    selects on validation and hands on a checkpoint (the tiny pipeline's situation)."""
+@pytest.mark.slow
+def test_stage_rewards_real_kernels_and_updates_on_them(repo_root, params, tmp_path, build_cache_dir,
+                                                        monkeypatch):
+    """rl-e2e through the CLI on a tiny saved model whose decoder is a scripted author writing
+    real kernels (tests/scripted_policy.py): relu's group holds one right kernel, one that
+    compiles and computes the wrong values and two answers without code, so its rewards differ;
+    sigmoid's four are right, so its group carries no signal and is dropped. The real harness
+    scores them (two builds, cached); the kept group's advantages are the release's; the
+    update moves the weights; the stage selects on validation and hands on the trained model."""
+    import torch
     import yaml
     from dicepipe.cli import main
     from dicepipe.data.cuke import estimate_level
@@ -119,27 +127,88 @@ def test_stage_runs_through_the_cli_on_a_tiny_saved_model(repo_root, params, tmp
     from dicepipe.data.schema import RL_E2E_SCHEMA, VAL_SCHEMA, write_table
     from dicepipe.model.loading import build_tiny, save_model
     from dicepipe.model.tokenizer import train_tiny_tokenizer
+    from dicepipe.train import rl, rl_rollout
+    from safetensors.torch import load_file
+    from scripted_policy import (NO_CODE, RIGHT, WRONG_VALUES, ScriptedAuthor, ScriptedDecoder,
+                                 answer_kind, relu_kernel, relu_reference, sigmoid_kernel,
+                                 sigmoid_reference)
 
-    refs = [REF.format(expr) for expr in ("torch.relu(x)", "x * 2", "torch.sigmoid(x) + x")]
-    rows = [{"sample_id": f"s{i}", "level": estimate_level(r), "reference_code": r,
-             "prompt": end_to_end_prompt(r, "cpu")} for i, r in enumerate(refs)]
-    write_table(pa.Table.from_pylist(rows[:2], schema=RL_E2E_SCHEMA), tmp_path / "rl_e2e.parquet", RL_E2E_SCHEMA)
-    val = [{**rows[2], "infill_prompt": None}]
+    refs = {"relu": relu_reference(), "sigmoid": sigmoid_reference()}
+    rows = [{"sample_id": name, "level": estimate_level(r), "reference_code": r,
+             "prompt": end_to_end_prompt(r, "cpu")} for name, r in refs.items()]
+    write_table(pa.Table.from_pylist(rows, schema=RL_E2E_SCHEMA), tmp_path / "rl_e2e.parquet", RL_E2E_SCHEMA)
+    val = [{**rows[1], "sample_id": "val-sigmoid", "infill_prompt": None}]
     write_table(pa.Table.from_pylist(val, schema=VAL_SCHEMA), tmp_path / "val.parquet", VAL_SCHEMA)
-    tokenizer = train_tiny_tokenizer([r["prompt"] for r in rows] * 3, 512)
+    tokenizer = train_tiny_tokenizer([r["prompt"] for r in rows] * 3 + [relu_kernel(), sigmoid_kernel()] * 3,
+                                     512)
     spec = {**params["models"]["tiny"], "vocab_size": 512, "num_hidden_layers": 1}
     save_model(tmp_path / "in", build_tiny(spec, tokenizer))
     local = yaml.safe_load((repo_root / "params.yaml").read_text())
     local["harness"]["cache_dir"] = str(build_cache_dir)
-    local["rl"]["overrides"]["tiny"].update(max_new_tokens=16, steps=2, eval_every_steps=1)
+    local["rl"]["overrides"]["tiny"].update(max_new_tokens=1024, steps=2, eval_every_steps=1,
+                                            traces_per_update=2, micro_batch_traces=2,
+                                            learning_rate=1e-3)
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(local, sort_keys=False))
+
+    author = ScriptedAuthor({refs["relu"]: (relu_kernel(), [RIGHT, WRONG_VALUES, NO_CODE, NO_CODE]),
+                             refs["sigmoid"]: (sigmoid_kernel(), [RIGHT])})
+    monkeypatch.setattr(rl_rollout, "Decoder", lambda lm, block_settings, compile_layers=False:
+                        ScriptedDecoder(author, tokenizer, block_settings))
+    decoded, updates = [], []  # what rl_step hands between its parts
+    real_roll_out, real_train = rl.roll_out, rl.train_on_rollouts
+
+    def roll_out_spy(*args, **kwargs):
+        rollouts, times = real_roll_out(*args, **kwargs)
+        decoded.append((kwargs["group_size"], rollouts))
+        return rollouts, times
+
+    def train_spy(scorer, *args):
+        before = [p.detach().clone() for p in scorer.policy.parameters()]
+        stats = real_train(scorer, *args)
+        moved = any(not torch.equal(b, p) for b, p in zip(before, scorer.policy.parameters()))
+        updates.append((list(args[2]), stats, moved))  # args: ref scorer, optimiser, kept, ...
+        return stats
+
+    monkeypatch.setattr(rl, "roll_out", roll_out_spy)
+    monkeypatch.setattr(rl, "train_on_rollouts", train_spy)
     argv = ["rl-e2e", "--params", str(tmp_path / "params.yaml"), "--scale", "tiny", "--model",
             str(tmp_path / "in"), "--data", str(tmp_path / "rl_e2e.parquet"), "--val",
             str(tmp_path / "val.parquet"), "--out", str(tmp_path / "out"), "--metrics",
             str(tmp_path / "metrics"), "--device", "cpu"]
     assert main(argv) == 0
+
+    # the reward: 1 for the right kernels, 0 for the wrong ones, measured by the harness
+    steps = [rollouts for size, rollouts in decoded if size == 4]
+    assert len(steps) == 2 and [size for size, _ in decoded].count(1) == 3  # validation: 0, 1, 2
+    for rollouts in steps:
+        by_task = {}
+        for r in rollouts:
+            kind = answer_kind(r.text)
+            assert r.stopped and r.reward == (1.0 if kind == RIGHT else 0.0), (kind, r.reward, r.info)
+            if kind == NO_CODE:
+                assert r.code is None
+            else:  # scored: both compiled, only the right one correct
+                assert r.info == {"compiled": True, "correct": kind == RIGHT}, (kind, r.info)
+            by_task.setdefault(r.task.task_id, []).append(r.reward)
+        assert by_task == {"relu": [1.0, 0.0, 0.0, 0.0], "sigmoid": [1.0] * 4}
+    # the advantages: (r - mean) / population std within relu's group; sigmoid's (all equal) dropped
+    assert len(updates) == 2
+    right, wrong = math.sqrt(3.0), -1.0 / math.sqrt(3.0)  # sample std would give 1.5 and -0.5
+    for kept, stats, moved in updates:
+        assert [r.task.task_id for r, _ in kept] == ["relu"] * 4
+        assert [a for _, a in kept] == pytest.approx([right if r.reward else wrong for r, _ in kept])
+        # the update: two optimiser steps (2 traces each) that move the weights, finite metrics
+        assert moved and stats["updates"] == 2 and stats["grad_norm"] > 0, stats
+        assert all(math.isfinite(stats[k]) for k in ("loss", "kl", "clip_fraction", "grad_norm")), stats
     summary = json.loads((tmp_path / "metrics" / "summary.json").read_text())
     assert summary["steps"] == 2 and summary["tasks"] == 2 and summary["val_tasks"] == 1
-    assert summary["best_step"] in (0, 1, 2) and set(summary["val_rewards"]) == {"0", "1", "2"}
-    assert (tmp_path / "out" / "block_diffusion.json").is_file()
-    assert len((tmp_path / "metrics" / "steps.tsv").read_text().splitlines()) == 3
+    assert summary["groups_kept_total"] == 2 and summary["steps_without_update"] == 0
+    assert summary["mean_reward_first"] == pytest.approx(5 / 8) and "note" not in summary
+    # validation writes the right sigmoid greedily: every step ties, the latest is handed on
+    assert summary["val_rewards"] == {"0": 1.0, "1": 1.0, "2": 1.0} and summary["best_step"] == 2
+    start = load_file(tmp_path / "in" / "model.safetensors")
+    trained = load_file(tmp_path / "out" / "model.safetensors")
+    assert any(not torch.equal(start[k].float(), trained[k].float()) for k in start)
+    lines = (tmp_path / "metrics" / "steps.tsv").read_text().splitlines()
+    logged = [dict(zip(lines[0].split("\t"), line.split("\t"))) for line in lines[1:]]
+    assert [(r["groups"], r["groups_kept"], r["updates"]) for r in logged] == [("2", "1", "2")] * 2

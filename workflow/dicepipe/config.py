@@ -197,11 +197,11 @@ def _cross_check(params: dict, source: str) -> None:
 
 
 def _tolerance_keys(node, path: str = ""):
-    """Every `tolerance: <profile name>` a stage section sets (any depth)."""
+    """Every `protocol: <protocol name>` a stage section sets (any depth)."""
     if isinstance(node, dict):
         for key, value in node.items():
             where = f"{path}.{key}" if path else str(key)
-            if key == "tolerance" and isinstance(value, str):
+            if key == "protocol" and isinstance(value, str):
                 yield where, value
             else:
                 yield from _tolerance_keys(value, where)
@@ -209,7 +209,7 @@ def _tolerance_keys(node, path: str = ""):
 
 def _check_evaluate(params: dict, source: str) -> None:
     """evaluate.overrides and baselines are keyed by scale, an entry for every scale; the
-    profiles evaluation reports exist; baseline names are unique per scale."""
+    protocols evaluation reports exist; baseline names are unique per scale."""
     if "evaluate" not in params:
         return
     scales = sorted(params["scales"])
@@ -224,29 +224,46 @@ def _check_evaluate(params: dict, source: str) -> None:
         if "model" in names or len(set(names)) != len(names):
             raise ConfigError(f"{source}: key 'baselines.{scale}' has names {names}. Expected "
                               "unique names other than 'model' (the scale's own model).")
-    for name in params["evaluate"]["profiles"]:
-        if name not in params["tolerance_profiles"]:
-            raise ConfigError(f"{source}: key 'evaluate.profiles' names {name!r}, which is not "
-                              f"under 'tolerance_profiles'. Expected one of "
-                              f"{sorted(params['tolerance_profiles'])}.")
+    for name in params["evaluate"]["protocols"]:
+        if name not in params["protocols"]:
+            raise ConfigError(f"{source}: key 'evaluate.protocols' names {name!r}, which is not "
+                              f"under 'protocols'. Expected one of "
+                              f"{sorted(params['protocols'])}.")
 
 
 def _check_tolerances(params: dict, source: str) -> None:
-    profiles = params["tolerance_profiles"]
+    protocols = params["protocols"]
     for where, name in _tolerance_keys(params):
-        if name not in profiles:
+        if name not in protocols:
             raise ConfigError(
-                f"{source}: key '{where}' has value {name!r}, which is not a profile under "
-                f"'tolerance_profiles'. Expected one of {sorted(profiles)}."
+                f"{source}: key '{where}' has value {name!r}, which is not a protocol under "
+                f"'protocols'. Expected one of {sorted(protocols)}."
             )
+    verify, assemble = params.get("verify", {}), params.get("assemble", {})
+    if "protocol" in verify and "protocol" in assemble:
+        timed = protocols[verify["protocol"]]["check"]
+        kept = protocols[assemble["protocol"]]["check"]
+        if timed != kept:
+            raise ConfigError(
+                f"{source}: key 'assemble.protocol' is {assemble['protocol']!r} ({kept} check) "
+                f"but 'verify.protocol' is {verify['protocol']!r} ({timed} check): verify times "
+                f"only samples its check accepts, so assemble would find no speedup for the "
+                f"others. Expected protocols with the same check.")
     loosest = params["harness"].get("max_tolerance")
     if loosest is None:
         return
-    for name, values in profiles.items():
-        for precision, tol in values.items():
+    kb_trials = params["harness"].get("kernelbench_trials", 5)
+    for name, values in protocols.items():
+        if values.get("check") == "kernelbench" and values.get("trials", 0) > kb_trials:
+            raise ConfigError(
+                f"{source}: key 'protocols.{name}.trials' has value {values['trials']!r}, more "
+                f"than harness.kernelbench_trials={kb_trials!r} measures. Expected at most "
+                "harness.kernelbench_trials (or raise it).")
+        for precision in ("fp32", "low_precision"):
+            tol = values[precision]
             if tol > loosest:
                 raise ConfigError(
-                    f"{source}: key 'tolerance_profiles.{name}.{precision}' has value {tol!r}, "
+                    f"{source}: key 'protocols.{name}.{precision}' has value {tol!r}, "
                     f"looser than harness.max_tolerance={loosest!r}: kernels between the two "
                     "would never be timed. Expected at most harness.max_tolerance (or raise it)."
                 )
@@ -305,8 +322,8 @@ RL_STAGES = ("rl_infill", "rl_e2e")
 
 
 def _check_rl(params: dict, source: str) -> None:
-    """Every scale has an rl.overrides entry and names no unknown scale; the RL tolerance
-    profile exists."""
+    """Every scale has an rl.overrides entry and names no unknown scale; the RL reward's
+    protocol exists."""
     section = params.get("rl")
     if section is None:
         return
@@ -320,10 +337,10 @@ def _check_rl(params: dict, source: str) -> None:
         )
     for where in ["defaults", *[f"stages.{s}" for s in RL_STAGES], *[f"overrides.{s}" for s in overrides]]:
         node = lookup(section, where) or {}
-        name = node.get("tolerance")
-        if name is not None and name not in params.get("tolerance_profiles", {}):
-            raise ConfigError(f"{source}: key 'rl.{where}.tolerance' is {name!r}, not a profile under "
-                              f"'tolerance_profiles'. Expected one of {sorted(params['tolerance_profiles'])}.")
+        name = node.get("protocol")
+        if name is not None and name not in params.get("protocols", {}):
+            raise ConfigError(f"{source}: key 'rl.{where}.protocol' is {name!r}, not a protocol under "
+                              f"'protocols'. Expected one of {sorted(params['protocols'])}.")
 
 
 def rl_settings(params: dict, stage: str, scale: str) -> dict:

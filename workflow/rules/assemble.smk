@@ -19,7 +19,7 @@ rule assemble:
     resources:
         **resources_of("assemble", "corpus"),
     params:
-        tracked=tracked("assemble", "verify.decision_thresholds", "tolerance_profiles"),
+        tracked=tracked("assemble", "verify.decision_thresholds", "protocols"),
     shell:
         "dicepipe assemble --corpus {wildcards.corpus} --samples {input.samples}"
         " --measurements {input.measurements} --structural {input.structural}"

@@ -13,9 +13,7 @@ rule augment:
     resources:
         **resources_of("augment", "corpus"),
     params:
-        tracked=tracked(
-            "corpora.{corpus}", "augment", *HARNESS_JUDGED, "tolerance_profiles"
-        ),
+        tracked=tracked("corpora.{corpus}", "augment", *HARNESS_JUDGED, "protocols"),
     shell:
         "dicepipe augment --corpus {wildcards.corpus} --out data/augment/{wildcards.corpus}"
         " --log {log}"

@@ -28,10 +28,11 @@ rule evaluate:
             "evaluate.overrides.{scale}",
             "evaluate.fast_p",
             "evaluate.pass_k",
-            "evaluate.profiles",
+            "evaluate.protocols",
             "evaluate.code_block",
             "baselines.{scale}",
-            "tolerance_profiles",
+            "prompt_sources",
+            "protocols",
             *HARNESS_MEASUREMENT,
         ),
     shell:

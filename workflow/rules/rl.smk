@@ -27,7 +27,7 @@ rule rl_infill:
             "rl.defaults",
             "rl.stages.rl_infill",
             "rl.overrides.{scale}",
-            "tolerance_profiles",
+            "protocols",
             *HARNESS_MEASUREMENT,
         ),
     shell:
@@ -60,7 +60,8 @@ rule rl_e2e:
             "rl.defaults",
             "rl.stages.rl_e2e",
             "rl.overrides.{scale}",
-            "tolerance_profiles",
+            "prompt_sources",
+            "protocols",
             *HARNESS_MEASUREMENT,
         ),
     shell:

@@ -16,7 +16,7 @@ rule verify:
     resources:
         **resources_of("verify", "corpus"),
     params:
-        tracked=tracked("corpora.{corpus}", *HARNESS_MEASUREMENT, "verify"),
+        tracked=tracked("corpora.{corpus}", *HARNESS_MEASUREMENT, "verify", "protocols"),
     shell:
         "dicepipe verify --corpus {wildcards.corpus} --samples {input.samples}"
         " --shard {wildcards.shard} --out {output} --log {log}"

@@ -108,7 +108,7 @@ def _draft_round(author, tasks: list[Task], attempt: int, journal: DraftJournal,
 
 
 def run_attempts(tasks: list[Task], author, settings: dict, harness_settings, work_dir: Path,
-                 robust: bool, profile) -> tuple[list[dict], dict[str, str]]:
+                 robust: bool, protocol) -> tuple[list[dict], dict[str, str]]:
     """Every attempt row (in task order, then attempt order) and the kept candidate file of
     each task that yielded one."""
     from ..harness import Job, evaluate
@@ -146,7 +146,7 @@ def run_attempts(tasks: list[Task], author, settings: dict, harness_settings, wo
                     jid = jobs[task.task_id].job_id
                     reason = classify(results[jid], threshold=settings["speedup_threshold"],
                                       statistic=settings["speedup_statistic"], robust=robust,
-                                      profile=profile)
+                                      protocol=protocol)
                     row = attempt_row(task, attempt, author.name, job_id=jid,
                                       result=results[jid], reason=reason)
                 rows[task.task_id].append(row)

@@ -16,7 +16,7 @@ from collections import Counter
 
 import pyarrow as pa
 
-from ..harness.verdict import ToleranceProfile, judge
+from ..harness.verdict import Protocol, judge
 
 ATTEMPT_SCHEMA = pa.schema([
     pa.field("task_id", pa.string(), nullable=False),
@@ -55,9 +55,9 @@ _REASONS = {"not_measured": "build_failed", "not_compiled": "build_failed",
 
 
 def classify(result: dict, *, threshold: float, statistic: str, robust: bool,
-             profile: ToleranceProfile) -> str:
+             protocol: Protocol) -> str:
     """'kept' or the reason a harness result row does not yield a sample (harness verdict)."""
-    return _REASONS[judge(result, profile=profile, robust=robust, threshold=threshold,
+    return _REASONS[judge(result, protocol=protocol, robust=robust, threshold=threshold,
                           statistic=statistic)]
 
 

@@ -1,7 +1,7 @@
 """CuKe assembly as pure functions: verdicts, threshold, held-out split and the four splits.
 
 A corpus sample is kept for SFT when its measured kernel is correct under the chosen
-tolerance profile (robust verdict by default) and its median speedup over PyTorch eager is
+tolerance protocol (robust verdict by default) and its median speedup over PyTorch eager is
 above the threshold (harness/verdict.py decides). Structural
 samples (augment) were verified when generated and join as they are. Validation holds out
 whole reference programs (by a seeded hash), never seen by SFT or RL training."""
@@ -14,23 +14,23 @@ from collections import Counter
 from . import prompts
 from .extract import normalise_code
 from .infill import split_for_infilling
-from ..harness.verdict import ToleranceProfile, judge
+from ..harness.verdict import Protocol, judge
 
 STRUCTURAL_LEVEL = 3
 
 
 def verdict(measurement: dict | None, threshold: float, robust: bool,
-            profile: ToleranceProfile) -> str:
+            protocol: Protocol) -> str:
     """Why a corpus sample is kept or not: kept | not_measured | not_compiled | incorrect |
     flagged | no_speedup | below_threshold (the harness verdict, point speedup above p)."""
-    why = judge(measurement, profile=profile, robust=robust, threshold=threshold,
+    why = judge(measurement, protocol=protocol, robust=robust, threshold=threshold,
                 statistic="median")
     return "kept" if why == "accepted" else why
 
 
-def is_solution(measurement: dict | None, robust: bool, profile: ToleranceProfile) -> bool:
+def is_solution(measurement: dict | None, robust: bool, protocol: Protocol) -> bool:
     """A working (correct) kernel exists for this reference, whatever its speed."""
-    return judge(measurement, profile=profile, robust=robust) == "accepted"
+    return judge(measurement, protocol=protocol, robust=robust) == "accepted"
 
 
 def estimate_level(reference_code: str) -> int:
@@ -67,7 +67,7 @@ def held_out_references(reference_keys: list[str], fraction: float, minimum: int
 
 
 def assemble(samples: list[dict], measurements: dict[str, dict], structural: list[dict],
-             settings: dict, profile: ToleranceProfile) -> tuple[dict[str, list[dict]], dict]:
+             settings: dict, protocol: Protocol) -> tuple[dict[str, list[dict]], dict]:
     """Return the splits {sft, rl_infill, rl_e2e, val} (lists of rows) and stats."""
     threshold, robust = settings["speedup_threshold"], settings["robust"]
     reasons: Counter = Counter()
@@ -76,11 +76,11 @@ def assemble(samples: list[dict], measurements: dict[str, dict], structural: lis
     kept, solved = [], []
     for sample in samples:
         m = measurements.get(sample["sample_id"])
-        why = verdict(m, threshold, robust, profile)
+        why = verdict(m, threshold, robust, protocol)
         reasons[why] += 1
         if why == "kept":
             kept.append(sample)
-        if is_solution(m, robust, profile):
+        if is_solution(m, robust, protocol):
             solved.append(sample)
     for row in structural:
         kept.append({**row, "level": row.get("level") or STRUCTURAL_LEVEL})
@@ -106,7 +106,9 @@ def assemble(samples: list[dict], measurements: dict[str, dict], structural: lis
         per_level[str(sample.get("level"))] += 1
         splits["sft"].append({
             "sample_id": sample["sample_id"], "origin": origin, "level": sample.get("level"),
-            "prompt": prompts.end_to_end_prompt(sample["reference_code"], sample["backend"]),
+            # a source's own prompt verbatim (CuKe's), else the project's wording
+            "prompt": sample.get("prompt") or prompts.end_to_end_prompt(sample["reference_code"],
+                                                                        sample["backend"]),
             "response": prompts.response_text(sample["candidate_code"]),
         })
         pieces = split_for_infilling(sample["candidate_code"])
@@ -145,7 +147,7 @@ def assemble(samples: list[dict], measurements: dict[str, dict], structural: lis
     stats = {
         "speedup_threshold": threshold,
         "robust": robust,
-        "tolerance": profile.name,
+        "protocol": protocol.name,
         "samples": len(samples),
         "structural": len(structural),
         "reasons": dict(sorted(reasons.items())),
@@ -157,8 +159,8 @@ def assemble(samples: list[dict], measurements: dict[str, dict], structural: lis
 
 
 def kept_at_thresholds(samples: list[dict], measurements: dict[str, dict], thresholds, robust: bool,
-                       profile: ToleranceProfile) -> dict:
+                       protocol: Protocol) -> dict:
     """How many corpus samples each threshold would keep (the ablation at a glance)."""
-    return {str(t): sum(verdict(measurements.get(s["sample_id"]), t, robust, profile) == "kept"
+    return {str(t): sum(verdict(measurements.get(s["sample_id"]), t, robust, protocol) == "kept"
                         for s in samples)
             for t in thresholds}

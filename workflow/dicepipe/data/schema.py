@@ -22,6 +22,9 @@ SAMPLE_SCHEMA = pa.schema(
         pa.field("candidate_code", pa.string(), nullable=False),  # full kernel file (class ModelNew)
         pa.field("reasoning", pa.string()),
         pa.field("reported_speedup", pa.float64()),
+        # the source's own user turn, verbatim (CuKe's `prompt`); SFT trains on it. Null when
+        # the source carries none (pairs, generated kernels): the project's prompt is used.
+        pa.field("prompt", pa.string()),
     ]
 )
 

@@ -4,7 +4,8 @@ output), a params.yaml model spec, a hub id or a local transformers folder.
 Block-diffusion models (a mask token in their block settings, or an SDAR config) decode
 through the project's `Decoder`; every other model is autoregressive and decodes through
 transformers' `generate`. Prompts are rendered by `model.tokenizer.prompt_ids`, the one
-rendering SFT, RL and the augment `local` author use. Each row stops at the end of its turn.
+rendering SFT, RL and the augment `local` author use (`empty_think` adds the template's empty
+think block, which the release's evaluation does not write). The release decodes in fp16. Each row stops at the end of its turn.
 
 Defaults follow the release's evaluation (dice-recipe.md §6): greedy, block 4, 4 denoising
 steps, up to 4096 new tokens. The release's greedy `low_confidence_static` takes confidence
@@ -37,7 +38,8 @@ class GenerationSettings:
     top_p: float = 1.0
     samples: int = 1
     batch_size: int = 32
-    bf16: bool = True
+    dtype: str = "fp16"  # on GPU (fp16 as released, bf16, fp32); CPU decodes in fp32
+    empty_think: bool = False  # the chat template's empty think block in the prompt
     compile: bool = True
     seed: int = 0
 
@@ -65,11 +67,16 @@ class Generator:
     fingerprint: str = ""
 
 
-def _device_and_dtype(bf16: bool):
+_DTYPES = {"fp16": "float16", "bf16": "bfloat16", "fp32": "float32"}
+
+
+def _device_and_dtype(dtype: str):
     import torch
 
+    if dtype not in _DTYPES:
+        raise ConfigError(f"params.yaml evaluate dtype {dtype!r}: expected one of {sorted(_DTYPES)}.")
     if torch.cuda.is_available():
-        return "cuda", torch.bfloat16 if bf16 else torch.float32
+        return "cuda", getattr(torch, _DTYPES[dtype])
     return "cpu", torch.float32
 
 
@@ -94,7 +101,7 @@ def load_generator(model_ref: str | dict, name: str, settings: GenerationSetting
     from ..model.loading import load_checkpoint, load_saved, resolve_checkpoint
     from ..model.settings import BLOCK_SETTINGS_FILE
 
-    device, dtype = _device_and_dtype(settings.bf16)
+    device, dtype = _device_and_dtype(settings.dtype)
     if isinstance(model_ref, dict):
         if model_ref.get("kind") == "tiny":
             raise ConfigError(f"{name}: a `tiny` spec has no weights to evaluate; point at the "
@@ -167,15 +174,22 @@ def generation_key(gen: Generator, prompts: list[str], settings: GenerationSetti
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
+def prompt_ids_for(tokenizer, prompts: list[str], settings: GenerationSettings) -> list[list[int]]:
+    """The ids evaluation decodes from: each user turn in the model's chat template, the
+    assistant turn opened (with the template's empty think block only under empty_think)."""
+    from ..model.tokenizer import chat_format, encode_prompts
+
+    fmt = chat_format(tokenizer, settings.empty_think) if getattr(tokenizer, "chat_template", None) else None
+    return encode_prompts(tokenizer, fmt, prompts)
+
+
 def generate_texts(gen: Generator, prompts: list[str], settings: GenerationSettings,
                    progress: bool = True, journal: Path | None = None) -> list[list[dict]]:
     """For each prompt, `samples` generations: {text, new_tokens, stopped}. Rows are batched
     by prompt length (less padding); each batch draws from its own seeded generator. With a
     `journal` (key it by `generation_key`), finished batches are appended to it and a
     re-run skips them."""
-    from ..model.tokenizer import encode_prompts
-
-    ids = encode_prompts(gen.tokenizer, None, prompts)
+    ids = prompt_ids_for(gen.tokenizer, prompts, settings)
     rows = [(i, s) for i in range(len(prompts)) for s in range(settings.samples)]
     rows.sort(key=lambda r: (len(ids[r[0]]), r))
     out: list[list[dict | None]] = [[None] * settings.samples for _ in prompts]

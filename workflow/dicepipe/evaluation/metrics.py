@@ -3,7 +3,7 @@
 A record is one generated (or supplied) kernel for one task: the task's fields, `sample`,
 `reference_ok` (the task's reference ran and agreed with a copy of itself) and `result` (the
 harness row, or None when there was no code to run). Every decision goes through
-`harness.verdict`, under each tolerance profile and under the plain and the robust verdict:
+`harness.verdict`, under each tolerance protocol and under the plain and the robust verdict:
 
 - exec: compiled and correct (KernelBench's correctness rate), averaged over a task's
   samples, then over tasks;
@@ -27,7 +27,7 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from itertools import groupby
 
-from ..harness.verdict import ToleranceProfile, verdict
+from ..harness.verdict import Protocol, verdict
 
 VERDICTS = (("plain", False), ("robust", True))
 
@@ -63,39 +63,40 @@ def _geomean(values: Sequence[float]) -> float | None:
     return math.exp(sum(math.log(v) for v in values) / len(values)) if values else None
 
 
-def _task_scores(samples: Sequence[Mapping], profile: ToleranceProfile, robust: bool,
+def _task_scores(samples: Sequence[Mapping], protocol: Protocol, robust: bool,
                  fast_p: Sequence[float]) -> dict:
     """Per task: share of correct / fast samples, correct count, correct speedups."""
     rows = [s.get("result") for s in samples]
-    correct = [verdict(r, profile=profile, robust=robust) for r in rows]
+    correct = [verdict(r, protocol=protocol, robust=robust) for r in rows]
     out = {"correct": sum(correct), "n": len(rows), "exec": sum(correct) / len(rows),
            "speedups": [r["speedup_median"] for r, ok in zip(rows, correct) if ok],
            "launch_bound": any(bool(r and r.get("launch_bound")) for r in rows)}
     for p in fast_p:
         for label, statistic in (("point", "median"), ("interval", "low")):
-            fast = [verdict(r, profile=profile, robust=robust, threshold=p, statistic=statistic)
+            fast = [verdict(r, protocol=protocol, robust=robust, threshold=p, statistic=statistic)
                     for r in rows]
             out[f"fast_{p_label(p)}_{label}"] = sum(fast) / len(rows)
     return out
 
 
-def reference_usable(record: Mapping, profile: ToleranceProfile) -> bool:
-    """The task's reference ran and agreed with a copy of itself within `profile` (a
+def reference_usable(record: Mapping, protocol: Protocol) -> bool:
+    """The task's reference ran and agreed with a copy of itself under `protocol` (a
     reference that only agrees with itself at 1e-3, nondeterministic atomics say, cannot
-    judge candidates at 1e-4: under that profile the task is a reference failure)."""
+    judge candidates at 1e-4; one that disagrees with itself on varied inputs cannot be
+    judged by the strict check: under that protocol the task is reference-limited)."""
     if not record["reference_ok"]:
         return False
-    needed = record.get("reference_tolerance_needed")
-    if needed is None:
+    check = record.get("reference_check")
+    if not check:
         return True
-    return float(needed) <= profile.allowed(record.get("reference_output_precision"))
+    return protocol.is_correct(check)
 
 
-def score_group(records: Sequence[Mapping], profile: ToleranceProfile, robust: bool,
+def score_group(records: Sequence[Mapping], protocol: Protocol, robust: bool,
                 fast_p: Sequence[float], pass_k: Sequence[int]) -> dict:
     """The metrics of one group of tasks (a level, or all) under one verdict."""
-    by_task = _by_task(r for r in records if reference_usable(r, profile))
-    tasks = [_task_scores(samples, profile, robust, fast_p) for samples in by_task.values()]
+    by_task = _by_task(r for r in records if reference_usable(r, protocol))
+    tasks = [_task_scores(samples, protocol, robust, fast_p) for samples in by_task.values()]
     out: dict = {"exec": _mean([t["exec"] for t in tasks])}
     for p in fast_p:
         for label in ("point", "interval"):
@@ -117,9 +118,9 @@ def _by_task(records: Iterable[Mapping]) -> dict[str, list[Mapping]]:
     return out
 
 
-def summarize(records: Sequence[Mapping], system: str, profiles: Sequence[ToleranceProfile],
+def summarize(records: Sequence[Mapping], system: str, protocols: Sequence[Protocol],
               fast_p: Sequence[float], pass_k: Sequence[int]) -> list[dict]:
-    """One row per level and one for `all`: counts, then `<profile>.<plain|robust>.<metric>`."""
+    """One row per level and one for `all`: counts, then `<protocol>.<plain|robust>.<metric>`."""
     rows = []
     ordered = sorted(records, key=lambda r: r["level"])
     groups = [(str(level), list(group)) for level, group in groupby(ordered, key=lambda r: r["level"])]
@@ -133,13 +134,13 @@ def summarize(records: Sequence[Mapping], system: str, profiles: Sequence[Tolera
                                    if r["task_id"] in ok]),
                "compiled": _mean([float(bool(r.get("result") and r["result"].get("compiled")))
                                   for r in group if r["task_id"] in ok])}
-        for profile in profiles:
-            usable = {r["task_id"] for r in group if reference_usable(r, profile)}
-            row[f"{profile.name}.reference_failed"] = len(tasks) - len(usable)
+        for protocol in protocols:
+            usable = {r["task_id"] for r in group if reference_usable(r, protocol)}
+            row[f"{protocol.name}.reference_failed"] = len(tasks) - len(usable)
             for verdict_name, robust in VERDICTS:
-                scores = score_group(group, profile, robust, fast_p, pass_k)
+                scores = score_group(group, protocol, robust, fast_p, pass_k)
                 for name in metric_names(fast_p, pass_k):
-                    row[f"{profile.name}.{verdict_name}.{name}"] = _round(scores[name])
+                    row[f"{protocol.name}.{verdict_name}.{name}"] = _round(scores[name])
         row["with_code"], row["compiled"] = _round(row["with_code"]), _round(row["compiled"])
         rows.append(row)
     return rows
@@ -149,10 +150,10 @@ def _round(value):
     return None if value is None else round(float(value), 6)
 
 
-def headline(row: Mapping, profile: str, verdict_name: str, fast_p: Sequence[float]) -> str:
+def headline(row: Mapping, protocol: str, verdict_name: str, fast_p: Sequence[float]) -> str:
     """`Exec fast_1/fast_2` in percent, the paper's cell format (point speedups)."""
     def pct(name):
-        value = row.get(f"{profile}.{verdict_name}.{name}")
+        value = row.get(f"{protocol}.{verdict_name}.{name}")
         return "-" if value is None else f"{100 * value:.0f}"
 
     fast = "/".join(pct(f"fast_{p_label(p)}_point") for p in fast_p)

@@ -12,7 +12,7 @@ import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from ..harness.verdict import ToleranceProfile, verdict
+from ..harness.verdict import Protocol, verdict
 from .metrics import VERDICTS, reference_usable
 
 TASK_COLUMNS = ("system", "task_id", "level", "problem_id", "name", "sample", "reference_ok",
@@ -42,19 +42,19 @@ def write_csv(rows: Sequence[Mapping], path: Path, columns: Sequence[str] | None
 
 
 def task_rows(records: Sequence[Mapping], system: str,
-              profiles: Sequence[ToleranceProfile]) -> list[dict]:
-    """The per-task table: one row per kernel, its verdicts under each profile and flags."""
+              protocols: Sequence[Protocol]) -> list[dict]:
+    """The per-task table: one row per kernel, its verdicts under each protocol and flags."""
     out = []
     for record in sorted(records, key=lambda r: (r["level"], r["problem_id"], r["name"], r["sample"])):
         result = record.get("result") or {}
         row = {k: record.get(k) for k in TASK_COLUMNS if k in record}
         row["system"] = system
         row["compiled"] = bool(result.get("compiled"))
-        for profile in profiles:
+        for protocol in protocols:
             for name, robust in VERDICTS:
-                row[f"{profile.name}.{name}.correct"] = (
-                    reference_usable(record, profile)
-                    and verdict(result or None, profile=profile, robust=robust))
+                row[f"{protocol.name}.{name}.correct"] = (
+                    reference_usable(record, protocol)
+                    and verdict(result or None, protocol=protocol, robust=robust))
         row["flags"] = ";".join(k[5:] for k in sorted(result) if k.startswith("flag_") and result[k])
         for key in RESULT_COLUMNS:
             row[key] = result.get(key)
@@ -63,8 +63,8 @@ def task_rows(records: Sequence[Mapping], system: str,
     return out
 
 
-def task_columns(profiles: Sequence[ToleranceProfile]) -> list[str]:
-    verdicts = [f"{p.name}.{name}.correct" for p in profiles for name, _ in VERDICTS]
+def task_columns(protocols: Sequence[Protocol]) -> list[str]:
+    verdicts = [f"{p.name}.{name}.correct" for p in protocols for name, _ in VERDICTS]
     return list(TASK_COLUMNS) + verdicts + ["flags"] + list(RESULT_COLUMNS) + ["error"]
 
 
@@ -94,7 +94,7 @@ def _save(plt, fig, path: Path) -> None:
     plt.close(fig)
 
 
-def plot_levels(summary: Sequence[Mapping], profile: str, fast_p: Sequence[float], path: Path,
+def plot_levels(summary: Sequence[Mapping], protocol: str, fast_p: Sequence[float], path: Path,
                 title: str) -> None:
     """Per level (and all): Exec and fast_p (point speedups), plain and robust verdicts."""
     from .metrics import p_label
@@ -105,7 +105,7 @@ def plot_levels(summary: Sequence[Mapping], profile: str, fast_p: Sequence[float
     bars = [(m, v) for v, _ in VERDICTS for m in metrics]
     width = 0.8 / len(bars)
     for i, (metric, verdict_name) in enumerate(bars):
-        values = [100 * (row.get(f"{profile}.{verdict_name}.{metric}") or 0.0) for row in summary]
+        values = [100 * (row.get(f"{protocol}.{verdict_name}.{metric}") or 0.0) for row in summary]
         xs = [x + (i - (len(bars) - 1) / 2) * width for x in range(len(levels))]
         ax.bar(xs, values, width, label=f"{metric} ({verdict_name})",
                hatch="//" if verdict_name == "robust" else None, color=f"C{i % len(metrics)}",
@@ -113,17 +113,17 @@ def plot_levels(summary: Sequence[Mapping], profile: str, fast_p: Sequence[float
     ax.set_xticks(range(len(levels)), [f"level {lv}" if lv != "all" else "all" for lv in levels])
     ax.set_ylabel("% of tasks")
     ax.set_ylim(0, 105)
-    ax.set_title(f"{title} ({profile} tolerances)")
+    ax.set_title(f"{title} ({protocol} tolerances)")
     ax.legend(fontsize=7, ncol=3, loc="upper center", bbox_to_anchor=(0.5, -0.1))
     _save(plt, fig, path)
 
 
-def plot_speedups(records: Sequence[Mapping], profile: ToleranceProfile, path: Path, title: str) -> None:
+def plot_speedups(records: Sequence[Mapping], protocol: Protocol, path: Path, title: str) -> None:
     """Point speedups of correct kernels (plain verdict) per level, launch-bound tasks marked."""
     plt, (fig, ax) = _figure(7, 3.8)
     points = [(r["level"], r["result"]["speedup_median"], bool(r["result"].get("launch_bound")))
               for r in records if r["reference_ok"] and r.get("result")
-              and verdict(r["result"], profile=profile, robust=False)
+              and verdict(r["result"], protocol=protocol, robust=False)
               and r["result"].get("speedup_median")]
     for launch_bound, marker, label in ((False, "o", "reference above the launch-bound floor"),
                                         (True, "x", "launch-bound reference")):

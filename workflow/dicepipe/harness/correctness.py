@@ -301,3 +301,30 @@ def _malloc_trim():
         except (OSError, AttributeError):
             _TRIM.append(None)
     return _TRIM[0]
+
+
+def allclose_tolerance(ref, cand) -> float:
+    """The smallest t at which `torch.allclose(ref, cand, atol=t, rtol=t)` holds: the
+    comparison KernelBench makes, `allclose(output, output_new)`: |r - c| <= t + t * |c|
+    everywhere (the relative term is on the candidate's value, torch's `other`; no scaling
+    by the output's range). 0 for identical outputs; +inf where allclose cannot pass at any t or
+    would raise: a shape or dtype mismatch, a NaN in either output, an infinity that the
+    other side does not match, or an output that is not one tensor."""
+    if not isinstance(ref, torch.Tensor) or not isinstance(cand, torch.Tensor):
+        return math.inf
+    if tuple(ref.shape) != tuple(cand.shape) or ref.dtype != cand.dtype:
+        return math.inf
+    if ref.numel() == 0:
+        return 0.0
+    work = torch.float64
+    if ref.is_complex():
+        r, c = torch.view_as_real(ref).to(work), torch.view_as_real(cand.to(ref.device)).to(work)
+    else:
+        r, c = ref.to(work), cand.to(ref.device).to(work)
+    if torch.isnan(r).any() or torch.isnan(c).any():
+        return math.inf
+    same = r == c  # equal infinities are close in allclose
+    if not bool(torch.isfinite(r[~same]).all()) or not bool(torch.isfinite(c[~same]).all()):
+        return math.inf
+    diff = torch.where(same, torch.zeros_like(r), (r - c).abs())
+    return float((diff / (1.0 + c.abs().where(~same, torch.zeros_like(c)))).max())

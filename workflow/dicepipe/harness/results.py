@@ -54,6 +54,13 @@ RESULT_SCHEMA = pa.schema(
         # exact values or finiteness, null when the candidate gave nothing to compare
         pa.field("tolerance_needed", pa.float64()),
         pa.field("output_precision", pa.string()),  # fp32 | low_precision | exact | null
+        # KernelBench's own trials (kb_trials.py), one entry each: the smallest t at which
+        # torch.allclose(reference, candidate, atol=rtol=t) holds (+inf: shape, dtype, NaN,
+        # an error); fewer entries than harness.kernelbench_trials when they ended early
+        pa.field("kb_trial_tolerance", _list, nullable=False),
+        # the backend switches the row was measured under (PyTorch's defaults unless set)
+        pa.field("cudnn_allow_tf32", pa.bool_()),
+        pa.field("matmul_allow_tf32", pa.bool_()),
         # the input variant each correctness trial ran (the reference rejected the others)
         pa.field("variants_run", pa.list_(pa.string()), nullable=False),
         # informational, not deception flags: the task's reference answered the same on every

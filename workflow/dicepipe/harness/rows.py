@@ -16,7 +16,7 @@ _DEVICE_FIELDS = (
     "speedup_high", "num_repeats", "launch_bound", "timing_mode", "kb_speedup",
     "compile_log_tail", "error", "error_phase", "wall_correct_s", "wall_timing_s",
     "tolerance_needed", "output_precision", "variants_run", "reference_input_insensitive",
-    "timed_outputs_checked",
+    "timed_outputs_checked", "kb_trial_tolerance",
 ) + DYNAMIC_FLAGS
 
 

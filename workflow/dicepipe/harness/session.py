@@ -35,8 +35,10 @@ from .settings import HarnessSettings, Job
 # What a row means beyond the settings: raised when the measurement method changes (2: input
 # variants keep exact zeros and map by value; calls_reference allows a subclass of Model for
 # its __init__; 3: timing inputs redrawn between rounds, not before each reuse, and a balanced
-# order of the two models), so rows of an older method are never resumed.
-METHOD_VERSION = 3
+# order of the two models; 4: KernelBench's own trials beside the strict ones, models built
+# under KernelBench's seed, TF32 switches from the settings), so rows of an older method are
+# never resumed.
+METHOD_VERSION = 4
 
 log = logging.getLogger(__name__)
 FLUSH_EVERY_S = 60.0
@@ -189,6 +191,8 @@ class HarnessSession:
         def on_row(row: dict) -> None:
             key = keys[row["job_id"]]
             row["content_key"] = key
+            row["cudnn_allow_tf32"] = self.settings.cudnn_allow_tf32
+            row["matmul_allow_tf32"] = self.settings.matmul_allow_tf32
             rows[row["job_id"]] = row
             store.add(row)
             summary.measured += 1

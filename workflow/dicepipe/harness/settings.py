@@ -14,6 +14,7 @@ from pathlib import Path
 from ..errors import HarnessError
 
 BACKENDS = ("cpu", "cuda")
+TIMING_GATES = ("any", "strict", "kernelbench")
 DEFAULT_CACHE_DIR = ".cache/dicepipe/builds"
 
 # The split every field of HarnessSettings falls under (a test checks that each is in exactly
@@ -25,7 +26,8 @@ MEASUREMENT_FIELDS = (
     "warmup_trials", "timing_trials", "timing_trials_cpu", "launch_bound_floor_ms",
     "cuda_graphs", "cpu_clock", "cpu_threads", "interval_confidence", "timing_noise_floor",
     "timing_noise_floor_cpu", "run_timeout_s", "memory_limit_mb", "max_open_files", "seed",
-    "repeats", "decision_thresholds", "kernelbench_timing",
+    "repeats", "decision_thresholds", "kernelbench_timing", "kernelbench_trials",
+    "cudnn_allow_tf32", "matmul_allow_tf32", "timing_gate",
 )
 # Read by the stages that judge rows, never by the harness (no row changes with it): stages
 # that read it (augment) track it as a parameter, but a stored row is reused whatever its value.
@@ -58,6 +60,12 @@ class HarnessSettings:
     """Every knob of one evaluation batch. Defaults equal params.yaml's `harness:` defaults."""
 
     correct_trials: int = 5
+    # KernelBench's own trials (as-drawn inputs, its seeds, allclose): what the `kernelbench`,
+    # `kernelbench_v0` and `release_reward` protocols judge (kb_trials.py); 0 skips them
+    kernelbench_trials: int = 5
+    # backend switches as PyTorch sets them by default (KernelBench runs under these)
+    cudnn_allow_tf32: bool = True
+    matmul_allow_tf32: bool = False
     # The loosest tolerance any profile may ask for (atol = rtol = t, see correctness.py):
     # rows within it are `correct` and timed; profiles judge `tolerance_needed` later.
     max_tolerance: float = 1e-2
@@ -84,6 +92,9 @@ class HarnessSettings:
     # Set by the caller, not params.yaml's harness section.
     repeats: int = 1
     decision_thresholds: tuple[float, ...] = (1.0,)
+    # Which check must accept a row (within max_tolerance) for it to be timed: "any" (either),
+    # "strict" or "kernelbench" (verify names it through verify.protocol)
+    timing_gate: str = "any"
     # Not user knobs: the benchmark scripts turn these on to compare against other methods.
     kernelbench_timing: bool = False
     devices: tuple[int, ...] | None = None
@@ -96,6 +107,12 @@ class HarnessSettings:
         if not 0.0 <= self.max_tolerance < 1.0:
             raise HarnessError(f"harness.max_tolerance={self.max_tolerance}: expected a "
                                "tolerance in [0, 1) (0.01 admits every shipped profile).")
+        if self.kernelbench_trials < 0:
+            raise HarnessError(f"harness.kernelbench_trials={self.kernelbench_trials}: expected "
+                               ">= 0 (5 as KernelBench's scripts; 0 skips its protocol).")
+        if self.timing_gate not in TIMING_GATES:
+            raise HarnessError(f"harness timing_gate={self.timing_gate!r}: expected one of "
+                               f"{TIMING_GATES}.")
         if self.cpu_clock not in ("wall", "cpu"):
             raise HarnessError(f"harness.cpu_clock={self.cpu_clock!r}: expected 'wall' or 'cpu'.")
         if self.cpu_threads < 0:
@@ -112,6 +129,7 @@ class HarnessSettings:
         repeats: int = 1,
         decision_thresholds: Sequence[float] = (1.0,),
         cache_dir: str | os.PathLike | None = None,
+        timing_gate: str = "any",
     ) -> HarnessSettings:
         """Settings from params.yaml's `harness:` section (validated by the schema)."""
         known = {f.name for f in fields(cls)}
@@ -123,6 +141,7 @@ class HarnessSettings:
         values = dict(harness)
         values["repeats"] = int(repeats)
         values["decision_thresholds"] = tuple(float(p) for p in decision_thresholds)
+        values["timing_gate"] = timing_gate
         if cache_dir is not None:
             values["cache_dir"] = str(cache_dir)
         return cls(**values)

@@ -1,19 +1,24 @@
-"""The one verdict: is a measured kernel correct, robust, and faster than p? (pure functions)
+"""The one verdict: is a measured kernel correct under a protocol, robust, faster than p?
 
 Every decision made on a harness row goes through here: assemble keeping a corpus sample,
 augment keeping a structural kernel, `dicepipe score` counting, the evaluation's Exec and
-fast_p, and the RL reward. A row is judged, never re-measured, so any tolerance profile or
-threshold can be applied to rows measured once:
+fast_p, and the RL reward. A row is judged, never re-measured: it carries what every
+protocol needs, so any protocol or threshold applies to rows measured once.
 
-- correct under a profile: the row compiled, passed every check the harness ran (`correct`,
-  which already means "within the loosest tolerance, `harness.max_tolerance`, and no output
-  served from a cache"), and the smallest tolerance its trials needed (`tolerance_needed`)
-  is within the profile's tolerance for the row's `output_precision`;
-- robust: additionally no deception flag (`flag_*` column) is set;
-- faster than p: `statistic` "low" asks the harness's question (the lower end of the
-  speedup interval is above p: faster with confidence); "median" asks the paper's and
-  KernelBench's (the point speedup is above p). Both compare strictly, as KernelBench's
-  fast_p does.
+A protocol (params.yaml `protocols`) names a check and its tolerances:
+- check `kernelbench`: KernelBench's own trials (harness/kb_trials.py: as-drawn inputs, its
+  seeds, `torch.allclose(atol=rtol=t)`); correct when the row compiled and each of the
+  protocol's first `trials` trials needed at most the tolerance for the output's precision
+  (`kernelbench`: 5 trials, fp32 1e-4; `kernelbench_v0`: 5 trials, 1e-2, the paper's and
+  the release's evaluation; `release_reward`: 1 trial, 1e-2, what BiC-RL rewarded);
+- check `strict`: the harness's own (harness/trials.py): varied input distributions, a
+  tolerance relative to the output's range, exact non-float outputs, the memory scrub and
+  the checked timed outputs: correct when the row is `correct` (all of that within
+  `harness.max_tolerance`) and `tolerance_needed` is within the protocol's tolerance.
+Deception flags are a separate axis for every protocol: robust = correct and no `flag_*`.
+Faster than p: `statistic` "low" asks the harness's question (the lower end of the speedup
+interval is above p: faster with confidence); "median" asks the paper's and KernelBench's
+(the point speedup is above p). Both compare strictly, as KernelBench's fast_p does.
 """
 
 from __future__ import annotations
@@ -26,11 +31,16 @@ from ..errors import HarnessError
 
 PRECISIONS = ("fp32", "low_precision", "exact")
 STATISTICS = ("low", "median")
-# The profiles the project ships (params.yaml `tolerance_profiles` holds the same values and
-# is what stages read; these are for callers without params, such as benchmark scripts).
-BUILTIN_PROFILES = {
-    "kernelbench": {"fp32": 1e-4, "low_precision": 1e-2},  # KernelBench main (v0.2)
-    "kernelbench_v0": {"fp32": 1e-2, "low_precision": 1e-2},  # the paper's and release's
+CHECKS = ("kernelbench", "strict")
+# The protocols the project ships (params.yaml `protocols` holds the same values and is what
+# stages read; these are for callers without params, such as benchmark scripts).
+BUILTIN_PROTOCOLS = {
+    "kernelbench": {"check": "kernelbench", "trials": 5, "fp32": 1e-4, "low_precision": 1e-2},
+    "kernelbench_v0": {"check": "kernelbench", "trials": 5, "fp32": 1e-2,
+                       "low_precision": 1e-2},
+    "release_reward": {"check": "kernelbench", "trials": 1, "fp32": 1e-2,
+                       "low_precision": 1e-2},
+    "strict": {"check": "strict", "fp32": 1e-4, "low_precision": 1e-2},
 }
 # Why a row is not accepted, in the order the checks run.
 REASONS = ("not_measured", "not_compiled", "incorrect", "flagged", "no_speedup",
@@ -38,30 +48,56 @@ REASONS = ("not_measured", "not_compiled", "incorrect", "flagged", "no_speedup",
 
 
 @dataclass(frozen=True)
-class ToleranceProfile:
-    """atol = rtol = the tolerance for an output's precision (exact outputs need 0)."""
+class Protocol:
+    """A correctness check and its tolerance (atol = rtol) per output precision."""
 
     name: str
+    check: str
     fp32: float
     low_precision: float
+    trials: int = 0  # kernelbench check: how many of KernelBench's trials must pass
 
     def allowed(self, precision: str | None) -> float:
-        if precision == "exact":
-            return 0.0
         if precision == "low_precision":
             return self.low_precision
+        if precision == "exact" and self.check == "strict":
+            return 0.0  # the strict check compares non-float outputs exactly
         return self.fp32  # fp32, and rows that predate `output_precision`
 
+    def is_correct(self, row: Mapping) -> bool:
+        """Compiled and correct under this protocol (no flags looked at)."""
+        if not row.get("compiled"):
+            return False
+        if self.check == "kernelbench":
+            trials = list(row.get("kb_trial_tolerance") or [])[:self.trials]
+            allowed = self.allowed(row.get("output_precision"))
+            return len(trials) == self.trials and all(
+                _number(t) is not None and _number(t) <= allowed for t in trials)
+        if not row.get("correct"):
+            return False
+        needed = _number(row.get("tolerance_needed"))
+        if "tolerance_needed" in row and (needed is None or
+                                          needed > self.allowed(row.get("output_precision"))):
+            return False
+        return True
 
-def tolerance_profile(name: str, profiles: Mapping[str, Mapping] | None = None
-                      ) -> ToleranceProfile:
-    """The named profile from `profiles` (params.yaml `tolerance_profiles`) or the built-ins."""
-    table = BUILTIN_PROFILES if profiles is None else profiles
+
+def named_protocol(name: str, table: Mapping[str, Mapping] | None = None) -> Protocol:
+    """The named protocol from `table` (params.yaml `protocols`) or the built-ins."""
+    table = BUILTIN_PROTOCOLS if table is None else table
     if name not in table:
-        raise HarnessError(f"tolerance profile {name!r} is not defined; params.yaml "
-                           f"tolerance_profiles has {sorted(table)}.")
+        raise HarnessError(f"protocol {name!r} is not defined; params.yaml protocols has "
+                           f"{sorted(table)}.")
     values = table[name]
-    return ToleranceProfile(name, float(values["fp32"]), float(values["low_precision"]))
+    check = values.get("check", "strict")
+    if check not in CHECKS:
+        raise HarnessError(f"protocols.{name}.check={check!r}: expected one of {CHECKS}.")
+    trials = int(values.get("trials", 0) or 0)
+    if check == "kernelbench" and trials < 1:
+        raise HarnessError(f"protocols.{name}.trials={trials}: a kernelbench check needs at "
+                           "least 1 trial.")
+    return Protocol(name, check, float(values["fp32"]), float(values["low_precision"]),
+                    trials)
 
 
 def _number(value) -> float | None:
@@ -80,8 +116,8 @@ def is_flagged(row: Mapping) -> bool:
     return bool(row.get("correct")) and not bool(row.get("correct_robust", row.get("correct")))
 
 
-def is_correct(row: Mapping, profile: ToleranceProfile, robust: bool) -> bool:
-    return judge(row, profile=profile, robust=robust) == "accepted"
+def is_correct(row: Mapping, protocol: Protocol, robust: bool) -> bool:
+    return judge(row, protocol=protocol, robust=robust) == "accepted"
 
 
 def is_faster(row: Mapping, threshold: float, statistic: str = "low") -> bool:
@@ -92,7 +128,7 @@ def is_faster(row: Mapping, threshold: float, statistic: str = "low") -> bool:
     return value is not None and value > threshold
 
 
-def judge(row: Mapping | None, *, profile: ToleranceProfile, robust: bool,
+def judge(row: Mapping | None, *, protocol: Protocol, robust: bool,
           threshold: float | None = None, statistic: str = "low") -> str:
     """'accepted', or the first reason (REASONS) the row is not."""
     if statistic not in STATISTICS:
@@ -101,11 +137,7 @@ def judge(row: Mapping | None, *, profile: ToleranceProfile, robust: bool,
         return "not_measured"
     if not row.get("compiled"):
         return "not_compiled"
-    if not row.get("correct"):
-        return "incorrect"
-    needed = _number(row.get("tolerance_needed"))
-    if "tolerance_needed" in row and (needed is None or
-                                      needed > profile.allowed(row.get("output_precision"))):
+    if not protocol.is_correct(row):
         return "incorrect"
     if robust and is_flagged(row):
         return "flagged"
@@ -117,8 +149,8 @@ def judge(row: Mapping | None, *, profile: ToleranceProfile, robust: bool,
     return "accepted" if value > threshold else "below_threshold"
 
 
-def verdict(row: Mapping | None, *, profile: ToleranceProfile, robust: bool,
+def verdict(row: Mapping | None, *, protocol: Protocol, robust: bool,
             threshold: float | None = None, statistic: str = "low") -> bool:
-    """Correct under `profile` (and robust if asked), and faster than `threshold` if given."""
-    return judge(row, profile=profile, robust=robust, threshold=threshold,
+    """Correct under `protocol` (and robust if asked), and faster than `threshold` if given."""
+    return judge(row, protocol=protocol, robust=robust, threshold=threshold,
                  statistic=statistic) == "accepted"

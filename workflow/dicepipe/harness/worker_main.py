@@ -83,8 +83,7 @@ class DeviceContext:
 def _init_device(device: str) -> None:
     import torch
 
-    torch.backends.cudnn.allow_tf32 = False  # fp32 references compute in fp32
-    torch.backends.cuda.matmul.allow_tf32 = False
+    # TF32 switches are set per job from its settings (device_job.apply_backend_settings)
     torch.backends.cudnn.benchmark = False
     if device == "cuda":
         torch.cuda.init()

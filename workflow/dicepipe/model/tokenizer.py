@@ -67,12 +67,21 @@ class ChatFormat:
     prompt_prefix: str  # rendered text before the user's content
     prompt_suffix: str  # rendered text between the user's content and the response
     turn_end: str  # rendered text after the response (end of the assistant turn)
+    # What the template writes between the open assistant turn and a response but the
+    # generation prompt leaves to the model (Qwen3/SDAR: an empty <think> block); SFT trains
+    # it as the response's start. Empty when `prompt_suffix` carries it (empty_think).
+    response_lead: str = ""
 
     def prompt_text(self, user_text: str) -> str:
         return self.prompt_prefix + user_text + self.prompt_suffix
 
 
-def chat_format(tokenizer) -> ChatFormat:
+def chat_format(tokenizer, empty_think: bool = False) -> ChatFormat:
+    """The template's rendering of one turn. The prompt ends where
+    `apply_chat_template(add_generation_prompt=True)` ends it, as the release's evaluation
+    renders (for SDAR: `<|im_start|>assistant\\n`); `empty_think` instead ends it where a
+    rendered (user, assistant) pair starts the response (for SDAR the empty think block, as
+    `enable_thinking=False` writes it)."""
     if not getattr(tokenizer, "chat_template", None):
         raise ModelError("the tokenizer has no chat template; SFT and decoding need one.")
     user_marker = "\u2063DICEPIPE_USER\u2063"
@@ -87,7 +96,13 @@ def chat_format(tokenizer) -> ChatFormat:
         raise ModelError("the tokenizer's chat template does not render message contents verbatim.")
     before_user, after_user = text.split(user_marker)
     between, turn_end = after_user.split(_RESPONSE_SENTINEL)
-    return ChatFormat(prompt_prefix=before_user, prompt_suffix=between, turn_end=turn_end)
+    generation = tokenizer.apply_chat_template([{"role": "user", "content": user_marker}],
+                                               tokenize=False, add_generation_prompt=True)
+    opened = generation.split(user_marker)[-1]
+    if empty_think or not between.startswith(opened):
+        return ChatFormat(prompt_prefix=before_user, prompt_suffix=between, turn_end=turn_end)
+    return ChatFormat(prompt_prefix=before_user, prompt_suffix=opened, turn_end=turn_end,
+                      response_lead=between[len(opened):])
 
 
 def encode_text(tokenizer, text: str) -> list[int]:
@@ -98,12 +113,12 @@ def prompt_ids(tokenizer, user_text: str, fmt: ChatFormat | None = None) -> list
     """THE rendering of a one-turn conversation (the user's text, then the assistant turn
     opened) to ids, for SFT, RL rollouts, evaluation and the augment `local` author alike.
 
-    It is the part of the model's own chat template that precedes a response in a rendered
-    (user, assistant) pair, which is what SFT trains the response after. For Qwen3-style
-    templates (SDAR) that is `apply_chat_template(add_generation_prompt=True,
-    enable_thinking=False)`: the open assistant turn carries an empty `<think>` block, as the
-    template writes it for a final assistant turn. A tokenizer without a chat template (a
-    plain causal LM) gets the bare text."""
+    By default (`chat_format(tokenizer)`) it is `apply_chat_template(add_generation_prompt=True)`,
+    as the release's evaluation renders: for SDAR no think block, which SFT trains as the
+    start of the response (`ChatFormat.response_lead`, as LLaMA-Factory's qwen3 template does
+    with thinking on). `chat_format(tokenizer, empty_think=True)` puts the template's empty
+    `<think>` block into the prompt instead (`enable_thinking=False`). A tokenizer without a
+    chat template (a plain causal LM) gets the bare text."""
     if fmt is None:
         if not getattr(tokenizer, "chat_template", None):
             return encode_text(tokenizer, user_text)
@@ -137,12 +152,16 @@ class SFTExample:
 def encode_sft_example(
     tokenizer, fmt: ChatFormat, prompt: str, response: str, block_size: int, pad_token_id: int
 ) -> SFTExample:
-    """Prompt ids (not trained) + response ids and the end of turn (trained), padded to a
+    """Prompt ids (not trained) + response ids (the template's response lead first) and the
+    end of turn (trained), padded to a
     multiple of `block_size` with pad tokens that are trained too: the model learns to
     fill the rest of the last block with pad after the end of turn, which is what stops
     block decoding (as in SDAR's SFT data processor)."""
     prompt = prompt_ids(tokenizer, prompt, fmt)
-    response_ids = encode_text(tokenizer, response + fmt.turn_end)
+    lead = fmt.response_lead
+    if lead and response.lstrip().startswith(lead.strip().split("\n")[0]):
+        lead = ""  # the response writes its own (think) block
+    response_ids = encode_text(tokenizer, lead + response + fmt.turn_end)
     ids = prompt + response_ids
     labels = [IGNORE_INDEX] * len(prompt) + response_ids
     pad = (-len(ids)) % block_size

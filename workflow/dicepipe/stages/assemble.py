@@ -15,13 +15,13 @@ from ..data import cuke
 from ..data.schema import (RL_E2E_SCHEMA, RL_INFILL_SCHEMA, SAMPLE_SCHEMA, SFT_SCHEMA, VAL_SCHEMA,
                            read_table, write_table)
 from ..errors import StageInputError
-from ..harness.verdict import is_correct, tolerance_profile
+from ..harness.verdict import is_correct, named_protocol
 
 log = logging.getLogger(__name__)
 SPLIT_SCHEMAS = {"sft": SFT_SCHEMA, "rl_infill": RL_INFILL_SCHEMA, "rl_e2e": RL_E2E_SCHEMA, "val": VAL_SCHEMA}
 MEASUREMENT_COLUMNS = ("job_id", "compiled", "correct", "correct_robust", "speedup_median")
 # Read when present (the verdict falls back to `correct`/`correct_robust` without them).
-VERDICT_COLUMNS = ("tolerance_needed", "output_precision", "speedup_low")
+VERDICT_COLUMNS = ("tolerance_needed", "output_precision", "speedup_low", "kb_trial_tolerance")
 
 
 def add_arguments(parser) -> None:
@@ -50,18 +50,18 @@ def run(args, params: dict) -> int:
     samples = read_table(args.samples, SAMPLE_SCHEMA).to_pylist()
     measurements = _read_measurements(args.measurements)
     structural = read_table(args.structural, SAMPLE_SCHEMA).to_pylist()
-    profile = tolerance_profile(settings["tolerance"], params["tolerance_profiles"])
-    splits, stats = cuke.assemble(samples, measurements, structural, settings, profile)
+    protocol = named_protocol(settings["protocol"], params["protocols"])
+    splits, stats = cuke.assemble(samples, measurements, structural, settings, protocol)
     stats["kept_at_thresholds"] = cuke.kept_at_thresholds(
         samples, measurements, sorted({*params["verify"]["decision_thresholds"], settings["speedup_threshold"]}),
-        settings["robust"], profile)
+        settings["robust"], protocol)
     out = Path(args.out_dir)
     for name, rows in splits.items():
         write_table(pa.Table.from_pylist(rows, schema=SPLIT_SCHEMAS[name]), out / f"{name}.parquet",
                     SPLIT_SCHEMAS[name])
     (out / "stats.json").write_text(json.dumps(stats, indent=2, sort_keys=True) + "\n")
     speedups = [m["speedup_median"] for m in measurements.values()
-                if is_correct(m, profile, robust=False) and m.get("speedup_median") is not None]
+                if is_correct(m, protocol, robust=False) and m.get("speedup_median") is not None]
     plot_speedups(speedups, settings["speedup_threshold"], out / "speedups.png", args.corpus)
     log.info("corpus %s at threshold %.2fx: %s", args.corpus, settings["speedup_threshold"], stats["split_sizes"])
     if not splits["sft"]:

@@ -18,7 +18,7 @@ from pathlib import Path
 import pyarrow as pa
 
 from ..config import corpus_spec
-from ..harness.verdict import tolerance_profile
+from ..harness.verdict import named_protocol
 from ..data import extract
 from ..data.schema import SAMPLE_SCHEMA, write_table
 
@@ -77,9 +77,9 @@ def run(args, params: dict) -> int:
     robust = bool(params["harness"]["robust"])
     log.info("augment %s (%s): %d tasks, author %s, up to %d attempts each", args.corpus,
              backend, len(tasks), author.name, settings["attempts"])
-    profile = tolerance_profile(settings["tolerance"], params["tolerance_profiles"])
+    protocol = named_protocol(settings["protocol"], params["protocols"])
     attempt_rows, kept = run_attempts(tasks, author, settings, _harness_settings(params, settings),
-                                      work_dir, robust, profile)
+                                      work_dir, robust, protocol)
     samples = structural_rows(tasks, kept, attempt_rows)
     write_table(pa.Table.from_pylist(samples, schema=SAMPLE_SCHEMA), out / "structural.parquet",
                 SAMPLE_SCHEMA)
@@ -89,7 +89,7 @@ def run(args, params: dict) -> int:
         "corpus": args.corpus, "backend": backend, "author": author.name,
         "attempts_per_task": settings["attempts"], "speedup_threshold": settings["speedup_threshold"],
         "speedup_statistic": settings["speedup_statistic"], "robust": robust,
-        "tolerance": profile.name,
+        "protocol": protocol.name,
     })
     tmp = out / "report.json.tmp"
     tmp.write_text(json.dumps(report, indent=2, sort_keys=True) + "\n")

@@ -52,14 +52,13 @@ def _systems(args, params: dict) -> list[dict]:
     return systems
 
 
-def _generate(system: dict, tasks, backend: str, settings, out_dir: Path, code_block: str,
+def _generate(system: dict, tasks, prompts: list[str], settings, out_dir: Path, code_block: str,
               allow_download: bool, resume_dir: Path):
     """Generate with a model system; returns (candidates, generation rows)."""
     import gc
 
     import torch
 
-    from ..data.prompts import end_to_end_prompt
     from ..errors import ModelError
     from ..evaluation.generate import generate_texts, generation_key, load_generator
     from ..evaluation.kernel_files import candidates_from_texts
@@ -69,7 +68,6 @@ def _generate(system: dict, tasks, backend: str, settings, out_dir: Path, code_b
     except ModelError as exc:
         where = "--model" if system["name"] == "model" else f"baseline {system['name']!r}"
         raise ModelError(f"{where} ({system['model']}): {exc}") from exc
-    prompts = [end_to_end_prompt(t["reference_code"], backend) for t in tasks]
     log.info("%s: generating %d x %d kernels (max %d new tokens, %s)", system["name"], len(tasks),
              settings.samples, settings.max_new_tokens, gen.kind)
     journal = resume_dir / f"generate-{system['name']}-{generation_key(gen, prompts, settings)}.jsonl"
@@ -97,6 +95,7 @@ def _resume_dir(scale: str, name: str, tasks, candidates, harness: dict) -> Path
 
 def run(args, params: dict) -> int:
     from ..config import resolve_scale
+    from ..data.prompt_sources import evaluation_prompt
     from ..data.schema import BENCHMARK_SCHEMA, read_table
     from ..evaluation.generate import GenerationSettings
     from ..evaluation.kernel_files import read_folder
@@ -104,13 +103,13 @@ def run(args, params: dict) -> int:
     from ..evaluation.report import write_csv
     from ..evaluation.scoring import score
     from ..harness import HarnessSession, HarnessSettings
-    from ..harness.verdict import tolerance_profile
+    from ..harness.verdict import named_protocol
 
     scale = resolve_scale(params, args.scale)
     section = params["evaluate"]
     settings = evaluate_settings(params, args.scale)
     gen_settings = GenerationSettings.from_params(settings, f"evaluate (scale {args.scale})")
-    profiles = [tolerance_profile(name, params["tolerance_profiles"]) for name in section["profiles"]]
+    protocols = [named_protocol(name, params["protocols"]) for name in section["protocols"]]
     tasks = read_table(args.benchmark, BENCHMARK_SCHEMA).to_pylist()
     out_dir = Path(args.out_dir)
     systems = _systems(args, params)
@@ -120,12 +119,15 @@ def run(args, params: dict) -> int:
     for system in systems:  # folder baselines are read before this stage's outputs go
         if "folder" in system:
             candidates[system["name"]] = read_folder(Path(system["folder"]), tasks, Path.cwd())
+    # in the wording params.yaml names (a missing prompt source stops here, before any output goes)
+    prompts = [evaluation_prompt(settings["prompt"], params, t["reference_code"], scale.backend)
+               for t in tasks]
     shutil.rmtree(out_dir, ignore_errors=True)
     for system in systems:  # generation first: the GPU is free again before the harness runs
         name = system["name"]
         if "folder" not in system:
             candidates[name], generations[name] = _generate(
-                system, tasks, scale.backend, gen_settings, folders[name], section["code_block"],
+                system, tasks, prompts, gen_settings, folders[name], section["code_block"],
                 args.download, RESUME_DIR / args.scale)
     harness = HarnessSettings.from_params(params["harness"], repeats=settings["repeats"],
                                           decision_thresholds=section["fast_p"])
@@ -137,22 +139,22 @@ def run(args, params: dict) -> int:
                                  dict(params["harness"], repeats=settings["repeats"],
                                       decision_thresholds=section["fast_p"]))
             records = score(session, tasks, candidates[name], scale.backend, resume)
-            summaries[name] = _write_system(name, records, generations.get(name), profiles,
+            summaries[name] = _write_system(name, records, generations.get(name), protocols,
                                             section, folders[name])
             if name == "model":
-                _write_model_outputs(args, records, summaries[name], profiles, section, scale.name)
+                _write_model_outputs(args, records, summaries[name], protocols, section, scale.name)
             else:
                 write_csv(summaries[name], out_dir / "baselines" / f"{name}.csv")
     _write_compare(args, summaries)
     for row in summaries["model"]:
         log.info("%s level %s: Exec fast_p (%s, plain) %s | robust %s | reference failed %d",
-                 args.scale, row["level"], profiles[0].name,
-                 headline(row, profiles[0].name, "plain", section["fast_p"]),
-                 headline(row, profiles[0].name, "robust", section["fast_p"]), row["reference_failed"])
+                 args.scale, row["level"], protocols[0].name,
+                 headline(row, protocols[0].name, "plain", section["fast_p"]),
+                 headline(row, protocols[0].name, "robust", section["fast_p"]), row["reference_failed"])
     return 0
 
 
-def _write_system(name: str, records, generations, profiles, section, folder: Path) -> list[dict]:
+def _write_system(name: str, records, generations, protocols, section, folder: Path) -> list[dict]:
     import pyarrow as pa
 
     from ..data.schema import write_table
@@ -160,7 +162,7 @@ def _write_system(name: str, records, generations, profiles, section, folder: Pa
     from ..evaluation.report import task_columns, task_rows, write_csv
     from ..harness.results import rows_to_table
 
-    write_csv(task_rows(records, name, profiles), folder / "tasks.csv", task_columns(profiles))
+    write_csv(task_rows(records, name, protocols), folder / "tasks.csv", task_columns(protocols))
     if generations is not None:
         write_table(pa.Table.from_pylist(generations), folder / "generations.parquet")
     scored = [r for r in records if r["result"]]
@@ -169,18 +171,18 @@ def _write_system(name: str, records, generations, profiles, section, folder: Pa
         table = table.append_column("task_id", pa.array([r["task_id"] for r in scored]))
         table = table.append_column("sample", pa.array([r["sample"] for r in scored], pa.int32()))
         write_table(table, folder / "scores.parquet")
-    return summarize(records, name, profiles, section["fast_p"], section["pass_k"])
+    return summarize(records, name, protocols, section["fast_p"], section["pass_k"])
 
 
-def _write_model_outputs(args, records, summary, profiles, section, scale: str) -> None:
+def _write_model_outputs(args, records, summary, protocols, section, scale: str) -> None:
     from ..evaluation.report import metrics_json, plot_levels, plot_speedups, write_csv
 
     write_csv(summary, Path(args.summary))
     metrics = Path(args.metrics)
     metrics_json(summary, metrics / "metrics.json")
-    plot_levels(summary, profiles[0].name, section["fast_p"], metrics / "levels.png",
+    plot_levels(summary, protocols[0].name, section["fast_p"], metrics / "levels.png",
                 f"KernelBench, {scale}")
-    plot_speedups(records, profiles[0], metrics / "speedups.png", f"KernelBench, {scale}")
+    plot_speedups(records, protocols[0], metrics / "speedups.png", f"KernelBench, {scale}")
 
 
 def _write_compare(args, summaries: dict) -> None:

@@ -62,6 +62,7 @@ def normalise_record(record: dict, *, source: str, backend: str, settings: dict)
         "candidate_code": candidate,
         "reasoning": reasoning,
         "reported_speedup": _as_float(record.get("reported_speedup")),
+        "prompt": record["prompt"] if isinstance(record.get("prompt"), str) and record["prompt"] else None,
     }, None
 
 

@@ -18,7 +18,7 @@ import math
 from pathlib import Path
 
 from ..errors import StageInputError
-from ..harness.verdict import is_correct, tolerance_profile, verdict
+from ..harness.verdict import is_correct, named_protocol, verdict
 
 log = logging.getLogger(__name__)
 REFERENCE_COLUMNS = ("reference_code", "reference", "ref_code")
@@ -94,22 +94,22 @@ def load_pairs_jobs(path: Path, backend: str) -> list:
                 backend=backend) for i, row in zip(ids, rows)]
 
 
-def summarize(table, thresholds: list[float], robust: bool, profiles: dict) -> list[str]:
-    """Counts under each tolerance profile (harness/verdict.py decides every one)."""
+def summarize(table, thresholds: list[float], robust: bool, protocols: dict) -> list[str]:
+    """Counts under each tolerance protocol (harness/verdict.py decides every one)."""
     rows = table.to_pylist()
     n = len(rows)
     kind = "robust" if robust else "plain"
     lines = [f"{n} kernels: {sum(bool(r['compiled']) for r in rows)} compiled"]
-    for name in profiles:
-        profile = tolerance_profile(name, profiles)
-        plain = sum(is_correct(r, profile, robust=False) for r in rows)
-        strict = sum(is_correct(r, profile, robust=True) for r in rows)
+    for name in protocols:
+        protocol = named_protocol(name, protocols)
+        plain = sum(is_correct(r, protocol, robust=False) for r in rows)
+        strict = sum(is_correct(r, protocol, robust=True) for r in rows)
         lines.append(f"[{name}] {plain} correct, {strict} correct without deception flags")
         for p in thresholds:
-            faster = sum(verdict(r, profile=profile, robust=robust, threshold=p) for r in rows)
+            faster = sum(verdict(r, protocol=protocol, robust=robust, threshold=p) for r in rows)
             lines.append(f"[{name}] fast_{p:g} ({kind}, interval above {p:g}): {faster}/{n}")
         speedups = [r["speedup_median"] for r in rows
-                    if is_correct(r, profile, robust) and r["speedup_median"]]
+                    if is_correct(r, protocol, robust) and r["speedup_median"]]
         if speedups:
             geo = math.exp(sum(math.log(s) for s in speedups) / len(speedups))
             lines.append(f"[{name}] geometric mean speedup over {len(speedups)} {kind}-correct "
@@ -140,7 +140,7 @@ def run(args, params: dict) -> int:
         # how many rows --out already held for the same programs and settings
         print(session.last_summary.line())
     for line in summarize(table, args.thresholds, params["harness"]["robust"],
-                          params["tolerance_profiles"]):
+                          params["protocols"]):
         print(line)
     print(f"results: {args.out}")
     return 0

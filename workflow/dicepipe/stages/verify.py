@@ -57,15 +57,18 @@ def _settings_key(samples_path: Path, settings, shard: str) -> str:
 
 def run(args, params: dict) -> int:
     from ..harness import HarnessSettings, Job, evaluate
+    from ..harness.verdict import named_protocol
 
     index, total = parse_shard(args.shard)
     samples = read_table(args.samples, SAMPLE_SCHEMA).to_pylist()
     mine = [s for s in samples if shard_of(s["sample_id"], total) == index]
     log.info("corpus %s shard %s: %d of %d samples", args.corpus, args.shard, len(mine), len(samples))
+    protocol = named_protocol(params["verify"]["protocol"], params["protocols"])
     settings = HarnessSettings.from_params(
         params["harness"],
         repeats=params["verify"]["repeats"],
         decision_thresholds=params["verify"]["decision_thresholds"],
+        timing_gate=protocol.check,  # the repeat rule runs for samples its check accepts
     )
     jobs = [Job(job_id=s["sample_id"], reference_code=s["reference_code"],
                 candidate_code=s["candidate_code"], backend=s["backend"]) for s in mine]

@@ -3,7 +3,7 @@
 A reward is any callable `reward(rollouts) -> list[float]` handed to the trainer from
 outside (as trl's GRPO takes reward functions): the stages pass `KernelReward`, tests pass
 toy ones. `KernelReward` scores the extracted code through one harness session that lives
-for the whole stage: 1 when the kernel compiled and is correct under a tolerance profile
+for the whole stage: 1 when the kernel compiled and is correct under a tolerance protocol
 (robust verdict: a deceptive kernel earns 0), plus an optional bounded latency term.
 """
 
@@ -53,13 +53,13 @@ def latency_bonus(speedup_low: float | None, cap_speedup: float) -> float:
 
 
 class KernelReward:
-    """1 for compiled and correct (verdict under `profile`, robust if asked) + latency_weight
+    """1 for compiled and correct (verdict under `protocol`, robust if asked) + latency_weight
     x latency_bonus. Speed is measured only when latency_weight > 0."""
 
-    def __init__(self, session, profile, *, robust: bool, backend: str, latency_weight: float = 0.0,
+    def __init__(self, session, protocol, *, robust: bool, backend: str, latency_weight: float = 0.0,
                  latency_cap_speedup: float = 4.0):
         self.session = session
-        self.profile = profile
+        self.protocol = protocol
         self.robust = robust
         self.backend = backend
         self.latency_weight = latency_weight
@@ -79,7 +79,7 @@ class KernelReward:
                 for i in scored]
         table = self.session.evaluate(jobs, progress=False, measure_speed=self.latency_weight > 0)
         for i, row in zip(scored, table.to_pylist()):
-            correct = is_correct(row, self.profile, self.robust)
+            correct = is_correct(row, self.protocol, self.robust)
             bonus = latency_bonus(row.get("speedup_low"), self.latency_cap_speedup) if correct else 0.0
             rewards[i] = float(correct) + self.latency_weight * bonus
             rollouts[i].info = {"compiled": bool(row.get("compiled")), "correct": correct}

@@ -26,7 +26,7 @@ def add_arguments(parser) -> None:
                         help="checkpoint and exit after this many steps (testing resume)")
 
 
-def load_tasks(settings: dict, data: str, val: str, backend: str):
+def load_tasks(settings: dict, data: str, val: str, backend: str, params: dict | None = None):
     """(training tasks, validation tasks) for the stage's prompt kind and task source."""
     from ..data.schema import RL_E2E_SCHEMA, RL_INFILL_SCHEMA, VAL_SCHEMA, read_table
     from ..errors import StageInputError
@@ -37,7 +37,8 @@ def load_tasks(settings: dict, data: str, val: str, backend: str):
         if kind != "e2e":
             raise StageInputError("params.yaml rl: source 'released' holds end-to-end tasks only; "
                                   f"stage {settings['stage']} uses {kind!r} prompts. Use source: split.")
-        tasks = tasks_from_released_json(settings["released_path"], backend)
+        tasks = tasks_from_released_json(settings["released_path"], backend,
+                                         settings["released_prompt"], params)
     else:
         schema = RL_INFILL_SCHEMA if kind == "infill" else RL_E2E_SCHEMA
         tasks = tasks_from_split(read_table(data, schema).to_pylist(), kind, backend)
@@ -66,7 +67,7 @@ def run_stage(args, params, stage: str) -> int:
 
     from ..config import resolve_scale, rl_settings
     from ..harness import HarnessSession
-    from ..harness.verdict import tolerance_profile
+    from ..harness.verdict import named_protocol
     from ..model.loading import load_saved
     from .parallel import init_distributed
     from .rl import RLPaths, RunOptions, run_rl
@@ -82,7 +83,7 @@ def run_stage(args, params, stage: str) -> int:
     if code is not None:
         return code
     settings = rl_settings(params, stage, args.scale)
-    tasks, val_tasks = load_tasks(settings, args.data, args.val, scale.backend)
+    tasks, val_tasks = load_tasks(settings, args.data, args.val, scale.backend, params)
     env = init_distributed(args.device)
     loaded = load_saved(args.model, dtype=torch.float32, device="cpu")
     encoded = encode_tasks(tasks, loaded.tokenizer, settings["max_prompt_tokens"])
@@ -91,13 +92,13 @@ def run_stage(args, params, stage: str) -> int:
         log.info("%s %s: %d tasks (%d prompts over %d tokens dropped), %d validation, on %s x%d", stage,
                  args.scale, len(encoded.tasks), encoded.dropped, settings["max_prompt_tokens"],
                  len(val.tasks), env.device, env.world_size)
-    profile = tolerance_profile(settings["tolerance"], params["tolerance_profiles"])
+    protocol = named_protocol(settings["protocol"], params["protocols"])
     out = Path(args.out)
     paths = RLPaths(out, Path(args.metrics),
                     Path(args.work_dir) if args.work_dir else out.with_name(out.name + ".work"))
     options = RunOptions(stop_after_steps=args.stop_after_steps, keep_checkpoints=args.keep_checkpoints)
     with HarnessSession(harness_settings(params, env)) as session:
-        reward = KernelReward(session, profile, robust=settings["robust"], backend=scale.backend,
+        reward = KernelReward(session, protocol, robust=settings["robust"], backend=scale.backend,
                               latency_weight=settings["latency_weight"],
                               latency_cap_speedup=settings["latency_cap_speedup"])
         summary = run_rl(loaded, encoded, val, reward, settings, paths, env, options)

@@ -2,8 +2,10 @@
 
 Sources: the assembled splits (`rl_infill`, `rl_e2e`, `val`: parquet), or the released
 stage-2 prompt file (`end_to_end_kernel_generation_4000.json`: idx, level, pytorch_code,
-empty cuda_code, a `\\boxed{n}` difficulty label), whose references get our end-to-end
-prompt. The reward only needs a task's reference program.
+empty cuda_code, a `\\boxed{n}` difficulty label), whose references get the end-to-end
+prompt in the wording `rl.released_prompt` names (`release`: the release rollout's own
+text, chat markers included, so the task is `rendered` and tokenised as is). The reward only
+needs a task's reference program.
 
 Curriculum ("single operators first, whole models last"): tasks sorted by level, then by
 the size of their reference, then id. `ramp_steps` 0 takes them in that order and wraps
@@ -34,7 +36,8 @@ class Task:
     task_id: str
     level: int
     reference_code: str
-    prompt: str  # the user turn
+    prompt: str  # the user turn (rendered: the whole prompt text, chat markers included)
+    rendered: bool = False
 
     @property
     def size(self) -> int:
@@ -86,10 +89,12 @@ def tasks_from_split(rows: list[dict], kind: str, backend: str) -> list[Task]:
     return tasks
 
 
-def tasks_from_released_json(path: str | Path, backend: str) -> list[Task]:
+def tasks_from_released_json(path: str | Path, backend: str, wording: str = "dicepipe",
+                             params: dict | None = None) -> list[Task]:
     """The released stage-2 file: a JSON list of {idx, level, pytorch_code, cuda_code,
-    raw_answer}; level is the file's, the end-to-end prompt is ours."""
-    from ..data.prompts import end_to_end_prompt
+    raw_answer}; level is the file's, the end-to-end prompt in `wording`
+    (data/prompt_sources.WORDINGS; `params` names the prompt sources)."""
+    from ..data.prompt_sources import released_task_prompt
 
     path = Path(path)
     try:
@@ -104,8 +109,9 @@ def tasks_from_released_json(path: str | Path, backend: str) -> list[Task]:
         if missing:
             raise StageInputError(f"{path}: task #{n} lacks {missing}; expected idx, level, pytorch_code "
                                   "(end_to_end_kernel_generation_4000.json format).")
+        prompt, rendered = released_task_prompt(wording, params or {}, item["pytorch_code"], backend)
         tasks.append(Task(f"released-{item['idx']}", int(item["level"]), item["pytorch_code"],
-                          end_to_end_prompt(item["pytorch_code"], backend)))
+                          prompt, rendered))
     return tasks
 
 
@@ -123,11 +129,13 @@ class EncodedTasks:
 
 
 def encode_tasks(tasks: Sequence[Task], tokenizer, max_prompt_tokens: int) -> EncodedTasks:
-    """Render each task's prompt to ids (the project's one chat rendering), drop those over
+    """Render each task's prompt to ids (the project's one chat rendering; a `rendered` prompt
+    is tokenised as is, as the release's rollout engine does), drop those over
     `max_prompt_tokens` (counted, as the release drops them), curriculum order."""
-    from ..model.tokenizer import encode_prompts
+    from ..model.tokenizer import encode_prompts, encode_text
 
     ordered = curriculum_order(tasks)
-    ids = encode_prompts(tokenizer, None, [t.prompt for t in ordered])
+    chat = encode_prompts(tokenizer, None, [t.prompt for t in ordered if not t.rendered])[::-1]
+    ids = [encode_text(tokenizer, t.prompt) if t.rendered else chat.pop() for t in ordered]
     kept = [(t, i) for t, i in zip(ordered, ids) if len(i) <= max_prompt_tokens]
     return EncodedTasks([t for t, _ in kept], [i for _, i in kept], len(ordered) - len(kept))

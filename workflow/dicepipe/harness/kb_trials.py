@@ -1,0 +1,91 @@
+"""KernelBench's own correctness trials, run inside the device worker beside the strict ones.
+
+What KernelBench 423217d's `run_and_check_correctness` does, measured so that any protocol
+built on it (`kernelbench`, `kernelbench_v0`, `release_reward`: harness/verdict.py) can be
+judged later from the row alone:
+- trial seeds: `torch.manual_seed(42)`, then one `torch.randint(0, 2**32 - 1)` per trial;
+- per trial: seed, draw `get_inputs()` as the task file draws them (on the CPU), move them to
+  the device, run the reference first, then the candidate on the same (uncloned) tensors;
+- compare with `torch.allclose(output, output_new, atol=t, rtol=t)`: the row keeps, per
+  trial, the smallest t at which that holds (`correctness.allclose_tolerance`), so the
+  tolerance is chosen by the protocol, not here;
+- a shape mismatch or a candidate that raises ends the trials (KernelBench returns there);
+  other mismatches do not.
+
+Where this departs from KernelBench, on purpose (DESIGN.md, "Protocols"):
+- inputs keep their dtype: KernelBench casts every input tensor to the run precision
+  (fp32), which breaks tasks with integer index inputs; that is its defect, not copied;
+- the candidate starts from the trial seed as the reference did: KernelBench hands it the
+  RNG state the reference left, so no task that samples (dropout, bernoulli, multinomial)
+  can pass there whatever the kernel does;
+- a task whose reference raises on its own as-drawn inputs is the task's failure
+  (`ReferenceFailed`), not the candidate's.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from . import correctness as C
+
+KERNELBENCH_SEED = 42  # eval_kernel_against_ref(seed_num=42): model weights and trial seeds
+
+
+def trial_seeds(count: int, seed: int = KERNELBENCH_SEED) -> list[int]:
+    """KernelBench's per-trial seeds (drawn from the global generator, as it does)."""
+    state = torch.random.get_rng_state()
+    try:
+        torch.manual_seed(seed)
+        return [int(torch.randint(0, 2**32 - 1, (1,)).item()) for _ in range(count)]
+    finally:
+        torch.random.set_rng_state(state)
+
+
+def _sync(device: str) -> None:
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def run_kernelbench_trials(get_inputs, ref_model, cand_model, count: int, device: str,
+                           record: list, on_reference_error) -> None:
+    """Append one tolerance per trial to `record` (in place, so a job that dies mid-way
+    keeps the trials that ran). `on_reference_error(exc)` is raised when the reference
+    fails on its own inputs; a candidate error is the trial's failure (+inf) and ends the
+    trials, re-raised only when it may have broken the CUDA context."""
+    with torch.no_grad():
+        for seed in trial_seeds(count):
+            torch.manual_seed(seed)
+            inputs = C.to_device(list(get_inputs()), device)
+            torch.manual_seed(seed)
+            try:
+                ref = ref_model(*inputs)
+                _sync(device)
+            except Exception as exc:
+                raise on_reference_error(exc) from exc
+            torch.manual_seed(seed)
+            try:
+                cand = cand_model(*inputs)
+                _sync(device)
+            except Exception:
+                record.append(math.inf)
+                if device == "cuda" and _context_broken():
+                    raise
+                return
+            record.append(C.allclose_tolerance(ref, cand))
+            # KernelBench returns at a shape mismatch (and at an output without a shape,
+            # whose `.shape` raises there)
+            ended = not (isinstance(ref, torch.Tensor) and isinstance(cand, torch.Tensor)
+                         and tuple(ref.shape) == tuple(cand.shape))
+            del ref, cand, inputs
+            if ended:
+                return
+
+
+def _context_broken() -> bool:
+    try:
+        torch.cuda.synchronize()
+        return False
+    except Exception:
+        return True
