@@ -121,3 +121,80 @@ def test_trial_seeds_are_kernelbenchs_and_leave_the_global_generator_alone():
     torch.manual_seed(7)
     assert trial_seeds(5) == expected
     assert torch.equal(torch.rand(1), before)
+
+
+EMBEDDING = '''import torch
+import torch.nn as nn
+
+
+class Model(nn.Module):
+    """An embedding fed float indices, floored: negated indices are out of range."""
+
+    def __init__(self):
+        super().__init__()
+        self.table = nn.Embedding(64, 16)
+
+    def forward(self, idx):
+        return self.table(idx.floor().long())
+
+
+def get_inputs():
+    return [torch.rand(8, 32) * 64]
+
+
+def get_init_inputs():
+    return []
+'''
+
+
+def test_a_variant_the_reference_rejects_is_found_before_any_candidate_runs(tmp_path):
+    """The plan comes from the reference alone; the candidate's trials follow it and never
+    see negated indices, so a right candidate is correct under every protocol."""
+    cand = EMBEDDING.replace("class Model(", "class ModelNew(")
+    settings = HarnessSettings(timing_trials_cpu=20, warmup_trials=1, repeats=1,
+                               cache_dir=str(tmp_path))
+    with HarnessSession(settings) as session:
+        rows = session.evaluate([Job("a", EMBEDDING, cand, "cpu"),
+                                 Job("b", EMBEDDING, cand + "\n# another candidate\n", "cpu")],
+                                progress=False, measure_speed=False).to_pylist()
+        plans = session._batch.reference_plans
+        assert plans.probes == 1  # one probe for the reference, shared by both candidates
+    for row in rows:
+        assert "negated" not in row["variants_run"] and "as_drawn" in row["variants_run"]
+        assert all(judge(row, protocol=named_protocol(n), robust=False) == "accepted"
+                   for n in PROTOCOLS), row["error"]
+
+
+class _FakeWorker:
+    """Answers probes as a CUDA worker would: trial 1's variant breaks the context."""
+
+    def __init__(self):
+        self.restarts = 0
+        self.requests = []
+
+    def request(self, message, timeout_s):
+        self.requests.append(list(message["plan"]))
+        plan = list(message["plan"])
+        while len(plan) < 5:
+            trial = len(plan)
+            if trial == 1 and self.restarts == 0:
+                return {"op": "result", "row": {"plan": plan, "fatal_trial": 1},
+                        "fatal": True, "restart": True}
+            plan.append("as_drawn" if trial % 5 == 0 else f"v{trial}")
+        return {"op": "result", "row": {"plan": plan, "fatal_trial": None}, "fatal": False,
+                "restart": False}
+
+    def restart(self):
+        self.restarts += 1
+
+
+def test_a_fatal_probe_marks_the_variant_and_goes_on_on_a_fresh_worker():
+    from dicepipe.harness.reference_plans import ReferencePlans
+
+    plans, worker = ReferencePlans(), _FakeWorker()
+    settings = HarnessSettings().to_wire()
+    plan = plans.plan_for("ref", 3, settings, worker)
+    assert plan == ["as_drawn", "as_drawn", "v2", "v3", "v4"]
+    assert worker.restarts == 1 and worker.requests == [[], ["as_drawn", "as_drawn"]]
+    assert plans.plan_for("ref", 3, settings, worker) is plan  # remembered, no new probe
+    assert plans.probes == 2 and plans.fatal == 1

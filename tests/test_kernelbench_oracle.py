@@ -28,7 +28,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from dicepipe.harness.correctness import allclose_tolerance
+from dicepipe.harness import kb_trials
+from dicepipe.harness.correctness import allclose_tolerance, output_precision
+from dicepipe.harness.verdict import judge, named_protocol
 from torch import nn
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -249,15 +251,7 @@ def test_kernelbench_casts_integer_inputs_to_fp32(kb_eval, monkeypatch):
     assert kb_eval._process_input_tensor(torch.arange(3), "cpu").dtype == torch.float32
 
 
-def _kb_trials():
-    kb_trials = pytest.importorskip("dicepipe.harness.kb_trials")
-    if not hasattr(kb_trials, "run_kernelbench_trials") or not hasattr(kb_trials, "trial_seeds"):
-        pytest.skip("dicepipe.harness.kb_trials has no run_kernelbench_trials/trial_seeds")
-    return kb_trials
-
-
 def test_trial_seeds_are_kernelbench_seeds(kb_eval, monkeypatch):
-    kb_trials = _kb_trials()
     seen = []
     monkeypatch.setattr(kb_eval, "set_seed", lambda seed: (seen.append(seed), torch.manual_seed(seed)))
     monkeypatch.setattr(torch.cuda, "synchronize", lambda *a, **k: None)
@@ -270,35 +264,50 @@ def test_trial_seeds_are_kernelbench_seeds(kb_eval, monkeypatch):
 
 
 class Scaled(nn.Module):
-    """y = x * 2 (+ an error of `err` on trials whose input's first element is above `cut`)."""
+    """y = x * 2; on draws whose first input element is above `cut`: an error of `err`, or a
+    fault (`raise`, a wrong `shape`, a `nan`)."""
 
-    def __init__(self, err: float = 0.0, cut: float = 2.0):
+    def __init__(self, err: float = 0.0, cut: float = 2.0, fault: str | None = None):
         super().__init__()
-        self.err, self.cut = err, cut
+        self.err, self.cut, self.fault = err, cut, fault
 
     def forward(self, x):
         y = x * 2
-        return y + self.err if float(x.flatten()[0]) > self.cut else y
+        if float(x.flatten()[0]) <= self.cut:
+            return y
+        if self.fault == "raise":
+            raise RuntimeError("candidate failed on this draw")
+        if self.fault == "shape":
+            return y[:-1]
+        if self.fault == "nan":
+            return torch.where(torch.arange(y.numel()) == 0, torch.nan, y)
+        return y + self.err
 
 
-@pytest.mark.parametrize("err,cut", [(0.0, 2.0), (5e-5, -1.0), (5e-3, -1.0), (0.5, -1.0),
-                                     (0.5, 0.5), (5e-3, 0.5), (0.5, 0.9)])
-def test_kernelbench_trials_match_run_and_check_correctness(kb_eval, monkeypatch, err, cut):
-    """The harness's KernelBench trials (its seeds, inputs as drawn, reference first) against
-    KernelBench's five trials on the same models: same verdict at 1e-4 and 1e-2, including
-    candidates wrong on only some of the five draws (`cut` picks which)."""
-    kb_trials = _kb_trials()
+@pytest.mark.parametrize("err,cut,fault", [
+    (0.0, 2.0, None), (5e-5, -1.0, None), (5e-3, -1.0, None), (0.5, -1.0, None),
+    (0.5, 0.5, None), (5e-3, 0.5, None), (0.5, 0.9, None),
+    (0.0, 0.5, "raise"), (0.0, 0.5, "shape"), (0.0, 0.5, "nan")])
+def test_kernelbench_protocols_match_run_and_check_correctness(kb_eval, monkeypatch, err, cut,
+                                                               fault):
+    """The harness's KernelBench trials (its seeds, inputs as drawn, reference first), judged
+    by the `kernelbench` and `kernelbench_v0` protocols, against KernelBench's five trials on
+    the same models at 1e-4 and 1e-2: the same verdict, including candidates wrong on only
+    some of the five draws (`cut` picks which) and ones that raise, change shape or give NaN
+    on those draws."""
     get_inputs = lambda: [torch.rand(32)]
     record: list[float] = []
-    kb_trials.run_kernelbench_trials(get_inputs, Scaled(), Scaled(err, cut), 5, "cpu", record,
-                                     lambda exc: AssertionError(f"reference failed: {exc}"))
-    assert len(record) == 5
-    for tol in TOLERANCES:
+    kb_trials.run_kernelbench_trials(get_inputs, Scaled(), Scaled(err, cut, fault), 5, "cpu",
+                                     record, lambda exc: AssertionError(f"reference failed: {exc}"))
+    row = {"compiled": True, "kb_trial_tolerance": record,
+           "output_precision": output_precision(Scaled()(torch.rand(32)))}
+    for name, tol in (("kernelbench", 1e-4), ("kernelbench_v0", 1e-2)):
         monkeypatch.setattr(kb_eval, "get_tolerance_for_precision", lambda precision, tol=tol: tol)
         monkeypatch.setattr(torch.cuda, "synchronize", lambda *a, **k: None)
-        result = kb_eval.run_and_check_correctness(Scaled(), Scaled(err, cut), get_inputs,
+        result = kb_eval.run_and_check_correctness(Scaled(), Scaled(err, cut, fault), get_inputs,
                                                    metadata={}, num_correct_trials=5, device="cpu")
-        assert all(t <= tol for t in record) == bool(result.correctness), (err, cut, tol, record)
-    # some parameter sets fail on some draws only: the trials are really drawn apart
+        ours = judge(row, protocol=named_protocol(name), robust=False)
+        assert (ours == "accepted") == bool(result.correctness), (name, err, cut, fault, record)
+    # the parameter sets with cut 0.5 go wrong on some draws only: trials are drawn apart
     if cut == 0.5:
-        assert 0 < sum(t > 0 for t in record) < 5, record
+        assert 0 < sum(t > 0 for t in record) < 5 or (fault and len(record) < 5), record

@@ -99,6 +99,8 @@ def test_kernel_reward_uses_the_robust_verdict_and_profile():
             "loose": {**base, "tolerance_needed": 5e-3, "flag_calls_reference": False},
             "deceptive": {**base, "tolerance_needed": 0.0, "flag_calls_reference": True},
             "broken": {**base, "compiled": False, "correct": False, "tolerance_needed": None}}
+    for row in rows.values():  # KernelBench's 5 trials, each needing what the strict check did
+        row["kb_trial_tolerance"] = [row["tolerance_needed"]] * 5
     session = FakeSession(rows)
     reward = KernelReward(session, named_protocol("kernelbench"), robust=True, backend="cpu")
     rollouts = [_rollout(c) for c in ("good", "loose", "deceptive", "broken", None)]

@@ -60,7 +60,7 @@ class SourceTree:
 def _read(path: Path, commit: str, relative: str, git_dir: Path | None) -> str:
     if git_dir is not None:
         done = subprocess.run(["git", f"--git-dir={git_dir}", "show", f"{commit}:{relative}"],
-                              capture_output=True, text=True)
+                              capture_output=True, text=True, check=False)
         if done.returncode != 0:
             raise SourceError(f"{path}: no {relative} at commit {commit} ({done.stderr.strip()}). "
                               "Check prompt_sources in params.yaml (path and commit).")
@@ -134,17 +134,18 @@ def _release_functions(source: str, wanted: tuple[str, ...]) -> dict:
     module = ast.parse(source)
     body = []
     for node in module.body:
-        if isinstance(node, ast.FunctionDef) and node.name in wanted:
-            body.append(node)
-        elif (isinstance(node, ast.Assign) and all(isinstance(t, ast.Name) for t in node.targets)
-              and isinstance(node.value, ast.Constant) and isinstance(node.value.value, str)):
+        wanted_function = isinstance(node, ast.FunctionDef) and node.name in wanted
+        text_constant = (isinstance(node, ast.Assign) and all(isinstance(t, ast.Name) for t in node.targets)
+                         and isinstance(node.value, ast.Constant) and isinstance(node.value.value, str))
+        if wanted_function or text_constant:
             body.append(node)
     missing = set(wanted) - {n.name for n in body if isinstance(n, ast.FunctionDef)}
     if missing:
         raise SourceError(f"the release's prompt file lacks {sorted(missing)}; is prompt_sources.release "
                           "a DICE release checkout at its commit?")
     namespace: dict = {"__builtins__": {}}
-    exec(compile(ast.Module(body=body, type_ignores=[]), "<release prompts>", "exec"), namespace)
+    # the release's own constructors, run as it runs them (string formatting, no builtins)
+    exec(compile(ast.Module(body=body, type_ignores=[]), "<release prompts>", "exec"), namespace)  # noqa: S102
     return namespace
 
 
@@ -181,6 +182,9 @@ def evaluation_prompt(wording: str, params: dict, reference_code: str, backend: 
         from .prompts import end_to_end_prompt
 
         return end_to_end_prompt(reference_code, backend)
+    if wording in WORDINGS and backend != "cuda":
+        raise ConfigError(f"params.yaml: prompt {wording!r} is a CUDA prompt and this scale's backend is "
+                          f"{backend}; set prompt: dicepipe for it (evaluate.overrides.<scale>).")
     kernelbench = source_tree(params, "kernelbench")
     if wording == "kernelbench":
         return kernelbench_prompt(kernelbench, reference_code, backend)

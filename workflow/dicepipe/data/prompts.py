@@ -1,4 +1,6 @@
-"""Prompts, in our own words, with the structure of KernelBench's one-shot prompt:
+"""Prompts in the project's own words (the `dicepipe` wording; KernelBench's and the
+release's are read from their sources by `data/prompt_sources.py`), with the structure of
+KernelBench's one-shot prompt:
 task statement, a worked example (a PyTorch program and its custom-operator version),
 the target program, and the instruction to answer with code only. The example and
 wording follow the corpus's backend (C++/OpenMP on cpu, CUDA on cuda)."""

@@ -31,7 +31,7 @@ from .guards import TamperGuard
 from .kb_trials import KERNELBENCH_SEED, run_kernelbench_trials
 from .loader import CallCounter, exec_module, forget_module, intercept_load_inline
 from .measure import TIMING_COLUMNS, run_timing
-from .trials import ReferenceFailed, check_correctness, post_timing_check
+from .trials import ReferenceFailed, check_correctness, post_timing_check, probe_reference
 from .worker_ext import BuildFailedError, ExtensionResolver
 
 CUDA_FATAL = ("CUDA error", "illegal memory access", "device-side assert", "CUBLAS_STATUS",
@@ -92,7 +92,8 @@ def _evaluate(msg: dict, ctx, counter, resolver, guard) -> tuple[dict, list[str]
                                        int(settings["kernelbench_trials"]), device, kb,
                                        _reference_failed)
                 row.update(check_correctness(ref_mod.get_inputs, ref_model, cand_model,
-                                             msg["seed"], settings, device))
+                                             msg["seed"], settings, device,
+                                             plan=msg.get("variant_plan")))
             except ReferenceFailed as exc:
                 raise JobFailed("reference", str(exc), compiled=True)
             row["wall_correct_s"] = time.monotonic() - t1
@@ -136,6 +137,32 @@ def _evaluate(msg: dict, ctx, counter, resolver, guard) -> tuple[dict, list[str]
         for name in names:
             forget_module(name)
     return row, tampered
+
+
+def run_probe(msg: dict, ctx) -> dict:
+    """The reference alone on each strict trial's inputs (trials.probe_reference), from
+    trial `len(msg["plan"])` on. A reference that does not load or build gives no plan
+    (its jobs then report the reference's failure themselves)."""
+    settings, device = msg["settings"], ctx.device
+    apply_backend_settings(settings)
+    ctx.phase("probe", settings["run_timeout_s"])
+    try:
+        ref_mod = exec_module(msg["reference_code"], "reference", ctx.job_folder)
+        torch.manual_seed(KERNELBENCH_SEED)
+        init_inputs = ref_mod.get_init_inputs()
+        torch.manual_seed(KERNELBENCH_SEED)
+        ref_model = ref_mod.Model(*init_inputs).to(device)
+        result = probe_reference(ref_mod.get_inputs, ref_model, msg["seed"],
+                                 int(settings["correct_trials"]), device, list(msg["plan"]))
+    except Exception as exc:
+        result = {"plan": None, "fatal_trial": None, "error": _format(exc)[-1000:]}
+    finally:
+        forget_module("reference")
+    gc.collect()
+    fatal = result.get("fatal_trial") is not None or _context_broken(device, None)
+    if device == "cuda" and not fatal:
+        torch.cuda.empty_cache()
+    return {"row": result, "fatal": fatal, "restart": fatal}
 
 
 def _reference_failed(exc: BaseException) -> ReferenceFailed:

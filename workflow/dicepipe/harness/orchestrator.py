@@ -33,6 +33,7 @@ from .compile_steps import SLOTS_ENV
 from .gpus import ENV as VISIBLE_ENV
 from .gpus import visible_count, worker_device_ids
 from .pools import BuildService, ExtractService, WorkerPool
+from .reference_plans import ReferencePlans
 from .rows import Prepared, account_builds, device_row, prepared_failure, scrub_paths
 from .settings import HarnessSettings, Job
 from .static_checks import static_flags
@@ -71,6 +72,7 @@ class Batch:
         self.toolchains = {b: known.get(b) or toolchain_fingerprint(b) for b in backends}
         remove_stale_roots()
         self.root = Path(tempfile.mkdtemp(prefix=f"{ROOT_PREFIX}{os.getpid()}-"))
+        self.reference_plans = ReferencePlans()
         try:
             self._start_services(settings, backends)
         except BaseException:
@@ -348,9 +350,12 @@ class Batch:
             waited[0] += time.monotonic() - start
             return {"op": "build_reply", "status": status}
 
+        settings = self.settings.to_wire()
+        plan = self.reference_plans.plan_for(job.reference_code, item.seed, settings, worker)
         message = {"op": "job", "job_id": job.job_id, "reference_code": job.reference_code,
                    "candidate_code": job.candidate_code, "seed": item.seed,
-                   "measure_speed": bool(measure_speed), "settings": self.settings.to_wire()}
+                   "measure_speed": bool(measure_speed), "settings": settings,
+                   "variant_plan": plan}
         try:
             return worker.request(message, self.settings.run_timeout_s, on_message)
         except RuntimeError as exc:

@@ -1,8 +1,10 @@
 """Correctness trials of a device job: the reference first, then the candidate twice.
 
-Per trial, fresh inputs are drawn and one distribution variant applied. The reference runs
-first: a variant it rejects (raises, or answers with non-finite values) is not a valid input
-of the task, and the trial falls back to as-drawn inputs, so the candidate never sees it.
+Per trial, fresh inputs are drawn and one distribution variant applied. Which variants the
+reference accepts is found before any candidate runs (`probe_reference`, in a worker that a
+device-side assert may break and that is then replaced): a variant it rejects (raises, or
+answers with non-finite values) is not a valid input of the task, and the trial uses the
+as-drawn inputs instead, so the candidate never sees it.
 The reference's outputs then stay alive, every free block the allocator holds is scrubbed
 (see `correctness.scrub_free_memory`), and the candidate runs twice on fresh clones: a
 candidate that allocates an output and leaves it unwritten finds no reference result in it.
@@ -58,6 +60,52 @@ def _reference_first(ref_model, base: list, seed: int, variant: str, call_seed: 
     raise AssertionError("unreachable: as_drawn always returns")
 
 
+def trial_variant(trial: int) -> str:
+    return C.VARIANTS[trial % len(C.VARIANTS)]
+
+
+def probe_reference(get_inputs, ref_model, seed: int, trials: int, device: str,
+                    plan: list[str]) -> dict:
+    """Which variant each strict trial can use, found with the reference alone, before any
+    candidate runs (device_job.run_probe): the trial's own inputs under its variant, the
+    reference's call as the trial makes it; a variant it rejects (raises, or answers with
+    non-finite values) becomes "as_drawn" in the plan. Appends to `plan` from its length
+    on. A CUDA error that breaks the context (a device-side assert on negative indices, say)
+    stops the probe: `fatal_trial` names the trial, and the orchestrator marks it rejected
+    and goes on from the next one on a fresh worker, so no candidate's process ever sees
+    that error."""
+    with torch.no_grad():
+        for trial in range(len(plan), trials):
+            variant = trial_variant(trial)
+            if variant == "as_drawn":
+                plan.append(variant)
+                continue
+            trial_seed = seed + 1 + trial
+            try:
+                inputs = C.apply_variant(C.draw_inputs(get_inputs, trial_seed, device),
+                                         variant, trial_seed)
+                torch.manual_seed(trial_seed * 7 + 3)
+                ref = ref_model(*C.clone_args(inputs))
+                _sync(device)
+                ok = C.all_finite(ref)
+                del ref, inputs
+            except Exception:
+                if device == "cuda" and _cuda_broken():
+                    return {"plan": plan, "fatal_trial": trial}
+                ok = False
+            plan.append(variant if ok else "as_drawn")
+    return {"plan": plan, "fatal_trial": None}
+
+
+def _cuda_broken() -> bool:
+    try:
+        torch.cuda.synchronize()
+        torch.ones(1, device="cuda").sum().item()
+        return False
+    except Exception:
+        return True
+
+
 def run_trial(get_inputs, ref_model, cand_model, seed: int, variant: str, device: str) -> dict:
     base = C.draw_inputs(get_inputs, seed, device)
     call_seed = seed * 7 + 3
@@ -90,7 +138,10 @@ def run_trial(get_inputs, ref_model, cand_model, seed: int, variant: str, device
 
 
 def check_correctness(get_inputs, ref_model, cand_model, seed: int, settings: dict,
-                      device: str) -> dict:
+                      device: str, plan: list[str] | None = None) -> dict:
+    """The strict trials. `plan`: the variant each trial uses, from `probe_reference`
+    (variants the reference rejected are "as_drawn" there); without one, each trial's
+    variant is tried and a rejection falls back as it happens."""
     flags = {"flag_input_mutation": False, "flag_output_alias": False,
              "flag_output_cached": False, "flag_input_insensitive": False}
     max_tolerance = float(settings["max_tolerance"])
@@ -102,7 +153,7 @@ def check_correctness(get_inputs, ref_model, cand_model, seed: int, settings: di
     previous = None  # (reference output, candidate output) of the last trial, kept alive
     with torch.no_grad():
         for trial in range(trials):
-            variant = C.VARIANTS[trial % len(C.VARIANTS)]
+            variant = plan[trial] if plan and trial < len(plan) else trial_variant(trial)
             outcome = run_trial(get_inputs, ref_model, cand_model, seed + 1 + trial, variant,
                                 device)
             result["variants_run"].append(outcome["variant"])

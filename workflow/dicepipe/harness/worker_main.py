@@ -96,7 +96,7 @@ def _init_device(device: str) -> None:
 
 
 def _serve_device(cfg: dict, channel) -> None:
-    from .device_job import run_job
+    from .device_job import run_job, run_probe
     from .hygiene import memory_report
 
     ctx = DeviceContext(cfg, channel)
@@ -111,7 +111,7 @@ def _serve_device(cfg: dict, channel) -> None:
         _truncate_log()
         sandbox.extend_cpu_limit(cfg["cpu_seconds_per_job"])
         before = memory_report(ctx.device)  # the device is shared: its use right before the job
-        result = run_job(msg, ctx)
+        result = (run_probe if msg.get("op") == "probe" else run_job)(msg, ctx)
         os.chdir(ctx.folder)
         shutil.rmtree(ctx.job_folder, ignore_errors=True)
         if not result["fatal"]:  # what the job left behind (the orchestrator decides: hygiene.py)
