@@ -157,7 +157,7 @@ def run_diagnose(spec: dict) -> dict:
 
     out: dict = {}
     context: dict = {}
-    exec(compile(Path(spec["reference_path"]).read_text(), "reference", "exec"), context)
+    exec(compile(Path(spec["reference_path"]).read_text(), "reference", "exec"), context)  # noqa: S102 - the task file, as KernelBench runs it
     torch.manual_seed(42)
     inputs = context["get_inputs"]()
     out["input_dtypes"] = [str(x.dtype) if isinstance(x, torch.Tensor) else type(x).__name__

@@ -44,8 +44,10 @@ def test_score_folders(repo_root, tmp_path, folders, capsys):
     # ReLU as identity passes on get_inputs()'s [0, 1) draws; the negated trial catches it
     assert "negated" in rows["relu_as_identity"]["error"]
     printed = capsys.readouterr().out
-    assert "2 kernels: 2 compiled" in printed and "[kernelbench] 1 correct" in printed
-    assert "[kernelbench_v0] 1 correct" in printed and "fast_1" in printed
+    # each protocol by name: KernelBench's own check draws [0, 1) only and accepts both
+    assert "2 kernels: 2 compiled" in printed and "[strict] 1 correct" in printed
+    assert "[kernelbench] 2 correct" in printed and "[kernelbench_v0] 2 correct" in printed
+    assert "[release_reward] 2 correct" in printed and "fast_1" in printed
 
 
 def test_score_pairs_parquet(repo_root, tmp_path):

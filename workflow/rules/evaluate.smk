@@ -1,12 +1,16 @@
 # KernelBench evaluation of a scale's final model and its baselines (baselines.<scale>),
 # scored in one harness session. results/kernelbench_<scale>.csv is the product.
 
+PAPER_TABLES = "workflow/dicepipe/evaluation/paper_tables.yaml"
+
 
 rule evaluate:
     input:
         model=eval_model_dir,
         benchmark=scale_benchmark_table,
         code=code("stages/evaluate.py"),
+        # the paper's tables the compare table sets beside the run (package data, not code)
+        paper_tables=PAPER_TABLES,
     output:
         summary="results/kernelbench_{scale}.csv",
         compare="results/kernelbench_compare_{scale}.csv",
@@ -14,6 +18,7 @@ rule evaluate:
         metrics="metrics/evaluate/{scale}/metrics.json",
         levels="metrics/evaluate/{scale}/levels.png",
         speedups="metrics/evaluate/{scale}/speedups.png",
+        compare_plot="metrics/evaluate/{scale}/compare.png",
     log:
         "logs/evaluate/{scale}.log",
     conda:

@@ -77,14 +77,14 @@ def metrics_json(summary: Sequence[Mapping], path: Path) -> None:
     path.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
 
 
-def _figure(width: float, height: float):
+def _figure(width: float, height: float, **subplots):
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     matplotlib.rcParams["svg.hashsalt"] = "dicepipe"
-    return plt, plt.subplots(figsize=(width, height), dpi=100)
+    return plt, plt.subplots(figsize=(width, height), dpi=100, **subplots)
 
 
 def _save(plt, fig, path: Path) -> None:
@@ -144,3 +144,81 @@ def plot_speedups(records: Sequence[Mapping], protocol: Protocol, path: Path, ti
     ax.set_title(f"{title}: {len(points)} correct kernels")
     ax.legend(fontsize=7)
     _save(plt, fig, path)
+
+
+COMPARE_LABELS = ("source", "system", "size", "protocol", "level")
+
+
+def _level_rank(level: str) -> tuple[int, int]:
+    return (0, int(level)) if str(level).isdigit() else (1, 0)
+
+
+def compare_rows(summaries: Mapping[str, Sequence[Mapping]], protocols: Sequence[str],
+                 literature: Sequence[Mapping] = ()) -> tuple[list[dict], list[str]]:
+    """The compare table: per level (then `all`), the run's systems in order (the model, then
+    its baselines), then the paper's rows in its table order. Run rows are labelled
+    source `run` and the protocols their columns report; literature rows carry their own
+    labels and fill only the columns the paper reports. Returns (rows, columns)."""
+    run_label = {"source": "run", "size": "", "protocol": ";".join(protocols)}
+    run = [{**run_label, **row} for name in summaries for row in summaries[name]]
+    order = {name: i for i, name in enumerate(summaries)}
+    keyed = [((_level_rank(r["level"]), 0, order[r["system"]]), r) for r in run]
+    keyed += [((_level_rank(r["level"]), 1, i), r) for i, r in enumerate(literature)]
+    rows = [row for _, row in sorted(keyed, key=lambda item: item[0])]
+    columns = list(COMPARE_LABELS)
+    for row in run + list(literature):
+        columns += [c for c in row if c not in columns]
+    return rows, columns
+
+
+def plot_compare(rows: Sequence[Mapping], protocol: str, fast_p: Sequence[float], path: Path,
+                 title: str) -> None:
+    """Per level, a bar per system: Exec with fast_p nested inside it (point speedups, plain
+    verdict, `protocol`). The paper's rows are hatched and marked "(paper)" below the run's."""
+    from matplotlib.patches import Patch
+
+    from .metrics import p_label
+
+    metrics = ["exec"] + [f"fast_{p_label(p)}_point" for p in fast_p]
+    levels = sorted({r["level"] for r in rows}, key=_level_rank)
+    systems = list(dict.fromkeys((r["source"], r["system"], r["size"]) for r in rows))
+    values = {(r["source"], r["system"], r["size"], r["level"]): r for r in rows}
+    shown = [100 * float(r[c]) for r in rows for c in (f"{protocol}.plain.{m}" for m in metrics)
+             if r.get(c) not in (None, "")]
+    top = min(100, max(10, 10 * math.ceil(1.1 * max(shown, default=0) / 10)))
+    runs = sum(source == "run" for source, _, _ in systems)
+    plt, (fig, axes) = _figure(3 * len(levels) + 2.5, 0.24 * len(systems) + 1.8, ncols=len(levels),
+                               sharey=True, squeeze=False)
+    for ax, level in zip(axes[0], levels):
+        for y, system in enumerate(systems):
+            row = values.get((*system, level))
+            paper = system[0] != "run"
+            for i, metric in enumerate(metrics):
+                value = row.get(f"{protocol}.plain.{metric}") if row else None
+                if value is None or value == "":
+                    continue
+                ax.barh(y, 100 * float(value), 0.8 * (1 - i / (len(metrics) + 0.5)),
+                        color=f"C{i}", hatch="///" if paper else None,
+                        alpha=0.6 if paper else 1.0, edgecolor="white", linewidth=0)
+        ax.set_title(f"level {level}" if level != "all" else "all")
+        ax.set_xlim(0, top)
+        ax.set_xlabel("% of tasks")
+        ax.grid(axis="x", linewidth=0.3)
+        if 0 < runs < len(systems):
+            ax.axhline(runs - 0.5, color="black", linewidth=0.6)
+    names = [f"{name} ({size}, paper)" if source != "run" else f"{name} (this run)"
+             for source, name, size in systems]
+    axes[0][0].set_yticks(range(len(systems)), names, fontsize=7)
+    for label, (source, _, _) in zip(axes[0][0].get_yticklabels(), systems):
+        label.set_fontweight("bold" if source == "run" else "normal")
+    axes[0][0].invert_yaxis()
+    sources = sorted({s for s, _, _ in systems if s != "run"})
+    handles = [Patch(color=f"C{i}", label=m) for i, m in enumerate(metrics)]
+    handles += [Patch(facecolor="grey", label="this run")]
+    handles += [Patch(facecolor="grey", alpha=0.6, hatch="///", label=s) for s in sources]
+    fig.legend(handles=handles, fontsize=7, ncol=len(handles), loc="lower center")
+    fig.suptitle(f"{title} ({protocol}, plain verdict, point speedups)")
+    fig.tight_layout(rect=(0, 0.4 / fig.get_figheight(), 1, 1))  # room for the legend
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, metadata={"Software": None})
+    plt.close(fig)

@@ -9,7 +9,8 @@ task (evaluate.defaults + evaluate.overrides.<scale>); folder baselines supply t
 are scored in one harness session on the scale's backend, each against the eager reference
 timed beside it. Outputs: the summary (a row per level and `all`, a column per metric), the
 per-task table, generations and kernel files under --out-dir (baselines under
-<out-dir>/baselines/<name>), the comparison of the model with its baselines per level, DVC
+<out-dir>/baselines/<name>), the comparison of the model with its baselines per level (and
+the DICE paper's table for the scale, `paper_table`, as labelled literature rows), DVC
 metrics and plots. Scoring resumes from .cache/dicepipe/resume/evaluate/ after a kill.
 """
 
@@ -32,7 +33,7 @@ def add_arguments(parser) -> None:
     parser.add_argument("--benchmark", required=True, help="benchmark table (dicepipe benchmark output)")
     parser.add_argument("--out-dir", required=True, help="per-task table, generations, kernel files")
     parser.add_argument("--summary", required=True, help="summary CSV (a row per level and all)")
-    parser.add_argument("--compare", required=True, help="model and baselines per level (CSV)")
+    parser.add_argument("--compare", required=True, help="model, baselines and the paper's rows per level (CSV)")
     parser.add_argument("--metrics", required=True, help="folder for metrics.json and plots")
     parser.add_argument("--download", action="store_true",
                         help="allow downloading hub checkpoints missing from the local cache")
@@ -99,6 +100,7 @@ def run(args, params: dict) -> int:
     from ..data.schema import BENCHMARK_SCHEMA, read_table
     from ..evaluation.generate import GenerationSettings
     from ..evaluation.kernel_files import read_folder
+    from ..evaluation.literature import paper_table_for
     from ..evaluation.metrics import headline
     from ..evaluation.report import write_csv
     from ..evaluation.scoring import score
@@ -110,6 +112,8 @@ def run(args, params: dict) -> int:
     settings = evaluate_settings(params, args.scale)
     gen_settings = GenerationSettings.from_params(settings, f"evaluate (scale {args.scale})")
     protocols = [named_protocol(name, params["protocols"]) for name in section["protocols"]]
+    paper = paper_table_for(settings, params["protocols"], section["protocols"],
+                            f"evaluate.overrides.{args.scale}.paper_table")
     tasks = read_table(args.benchmark, BENCHMARK_SCHEMA).to_pylist()
     out_dir = Path(args.out_dir)
     systems = _systems(args, params)
@@ -145,7 +149,7 @@ def run(args, params: dict) -> int:
                 _write_model_outputs(args, records, summaries[name], protocols, section, scale.name)
             else:
                 write_csv(summaries[name], out_dir / "baselines" / f"{name}.csv")
-    _write_compare(args, summaries)
+    _write_compare(args, summaries, protocols, section, paper, scale.name)
     for row in summaries["model"]:
         log.info("%s level %s: Exec fast_p (%s, plain) %s | robust %s | reference failed %d",
                  args.scale, row["level"], protocols[0].name,
@@ -185,12 +189,16 @@ def _write_model_outputs(args, records, summary, protocols, section, scale: str)
     plot_speedups(records, protocols[0], metrics / "speedups.png", f"KernelBench, {scale}")
 
 
-def _write_compare(args, summaries: dict) -> None:
-    """Model and baselines per level: the paper's Table 1 layout, one row per system."""
-    from ..evaluation.report import write_csv
+def _write_compare(args, summaries: dict, protocols, section, paper, scale: str) -> None:
+    """Model and baselines per level, and the paper's table for the scale (`paper_table`)
+    beside them, labelled with its source and protocol; the same as a plot."""
+    from ..evaluation.literature import literature_rows
+    from ..evaluation.report import compare_rows, plot_compare, write_csv
 
-    rows = [row for name in summaries for row in summaries[name]]
-    order = {name: i for i, name in enumerate(summaries)}
-    levels = {lv: i for i, lv in enumerate(r["level"] for r in summaries["model"])}
-    rows.sort(key=lambda r: (levels.get(r["level"], len(levels)), order[r["system"]]))
-    write_csv(rows, Path(args.compare))
+    literature = literature_rows(paper) if paper else []
+    rows, columns = compare_rows(summaries, [p.name for p in protocols], literature)
+    write_csv(rows, Path(args.compare), columns)
+    # beside the paper, the run's columns of the paper's protocol; else the first reported
+    protocol = paper.protocol["name"] if paper else protocols[0].name
+    plot_compare(rows, protocol, section["fast_p"], Path(args.metrics) / "compare.png",
+                 f"KernelBench, {scale}")

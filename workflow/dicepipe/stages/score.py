@@ -95,7 +95,7 @@ def load_pairs_jobs(path: Path, backend: str) -> list:
 
 
 def summarize(table, thresholds: list[float], robust: bool, protocols: dict) -> list[str]:
-    """Counts under each tolerance protocol (harness/verdict.py decides every one)."""
+    """Counts under each protocol, by name (harness/verdict.py decides every one)."""
     rows = table.to_pylist()
     n = len(rows)
     kind = "robust" if robust else "plain"
