@@ -2,36 +2,46 @@
 KernelBench 423217d's `eval_kernel_against_ref` and by the harness's `kernelbench` and
 `kernelbench_v0` protocols; (compiled, correct) must agree on every pair but the listed ones.
 
-    PYTHONUNBUFFERED=1 PYTHONPATH=workflow python3 bench/kernelbench_differential.py \\
-        --parquet .carry/shared/data/kernelbench/kernelbench_levels_1-3.parquet \\
-        --kernelbench .carry/shared/reference/KernelBench-423217d --out $OUT/kbdiff \\
-        --state .cache/kbdiff --rerun-disagreements 2
+    PYTHONUNBUFFERED=1 PYTHONPATH=workflow python3 bench/kernelbench_differential.py \
+        --parquet .carry/shared/data/kernelbench/kernelbench_levels_1-3.parquet \
+        --kernelbench .carry/shared/reference/KernelBench-423217d \
+        --out $OUT/kbdiff --state .cache/kbdiff --rerun-disagreements 2 --budget-s 480
 
-Pairs (`--sources`): `copies` (every level 1-3 problem, ModelNew a copy of Model: the folder
-baseline's files), `adversarial` (KernelBench's unit_tests/test_kernels/, each against
-level 1 problem 1 as its test_eval_adversarial.py runs them), `templates` (augment's CUDA
-template author, two shapes per family as bench/augment_cuda.py picks them: real kernels with
-real rounding), `corpus` (with `--corpus DIR`, the real corpus of bench/harness_real_corpus.py;
+Pairs (`--sources`): `copies` (the `--levels` problems, ModelNew a copy of Model: the folder
+baseline's files), `adversarial` (KernelBench's unit_tests/test_kernels/, each against level 1
+problem 1 as its test_eval_adversarial.py runs them), `templates` (augment's CUDA template
+author, two shapes per family as bench/augment_cuda.py picks them: real kernels with real
+rounding), `corpus` (with `--corpus DIR`, the real corpus of bench/harness_real_corpus.py;
 long: its builds alone took minutes there).
 
-KernelBench's side: one fresh process per pair (bench/kernelbench_eval_child.py), a pool of
-`--kb-jobs`, `eval_kernel_against_ref(num_correct_trials=5, measure_performance=False,
-precision=fp32)` once per tolerance (1e-4, its fp32 tolerance, and 1e-2, v0's, by patching
-`get_tolerance_for_precision` in the child), recorded as its batch script records a run
-(timeout or escaped exception: compiled=False). Pairs whose candidate builds the same
-extension share a build folder and run after the first of them (no lock contention).
-The harness's side: one HarnessSession, correctness only, params.yaml's harness settings.
-Both sides journal under `--state`, so a cut run resumes where it stopped.
+KernelBench's side: one fresh process per pair (bench/kernelbench_eval_child.py), `--kb-jobs`
+at a time within `--kb-host-gb` of input sets, `eval_kernel_against_ref(seed_num=42,
+num_correct_trials=5, measure_performance=False, precision=fp32)` with
+`get_tolerance_for_precision` patched to 1e-4 (its fp32 tolerance) and 1e-2 (v0's): by
+default one run at 1e-4 whose allclose calls are re-evaluated at 1e-2 (`--kb-mode probe`:
+same outputs, half the input draws), or one run per tolerance (`--kb-mode separate`); the
+two give the same verdicts (tests/test_kernelbench_oracle.py). Recorded as its batch script
+records a run (a timeout or an escaped exception: compiled=False). Pairs whose candidates
+build the same extension share a build folder and run after the first of them.
+The harness's side: one HarnessSession (`--harness-workers` device workers on GPU 0),
+correctness only, params.yaml's harness settings, in chunks. Both sides run at the same time
+(`--sequential`: KernelBench's first) and journal under `--state`: a cut run resumes.
+
+Cost: host-side input draws dominate. Both KernelBench and the harness's KernelBench trials
+draw `get_inputs()` on the CPU (serial: ~4 ns an element on the 2-core VM), and one draw of
+every level 1 problem is 317 GiB (levels 2 and 3: 29 GiB). So split a long run: first
+`--levels 2 3` (with the adversarial kernels and templates), then the full command (level 1
+new, the rest resumed from the journals), each call under `--budget-s`.
 
 Writes to --out: pairs.csv (every pair: both sides, the verdicts, agreement, reason),
 disagreements.md (the table for bench/README.md: pair, KernelBench's and our (compiled,
-correct), our needed tolerances, the reason), summary.json. A disagreement's reason is
-suggested from facts (`diagnose`: integer inputs KernelBench casts to fp32; a reference
-that draws random numbers, which KernelBench then hands the candidate in another RNG state;
+correct), our trials' needed tolerances, the reason), summary.json. A disagreement's reason
+is suggested from facts (`diagnose`: integer inputs, which KernelBench casts to fp32; a
+reference that draws random numbers, whose RNG state KernelBench hands on to the candidate;
 a needed tolerance at the boundary; `--rerun-disagreements N`: verdicts that change between
-runs) and says "unexplained" otherwise: read those.
+runs, or "reproduced"); otherwise "unexplained (both sides' errors)": read those.
 
-Test on a machine without CUDA: `--backend cpu --kb-emulate-cpu --sources copies --limit 2`
+Test without CUDA: `--backend cpu --kb-emulate-cpu --sources copies --tasks L1/95_CrossEntropyLoss`
 (KernelBench's CUDA calls made no-ops) or `--skip-kernelbench`.
 """
 
@@ -80,7 +90,7 @@ def safe(pair_id: str) -> str:
 def gather_pairs(args) -> list[dict]:
     from dicepipe.data.benchmark import load_benchmark, reference_copy
 
-    tasks = load_benchmark({"kind": "parquet", "path": str(args.parquet), "levels": args.levels,
+    tasks = load_benchmark({"kind": "parquet", "path": str(args.parquet), "levels": [1, 2, 3],
                             "version": "423217d"}).to_pylist()
     by_id = {t["task_id"]: t for t in tasks}
     pairs = []
@@ -130,10 +140,31 @@ def gather_pairs(args) -> list[dict]:
             add(f"corpus/{cand.stem}", "corpus", ref.read_text(), cand.read_text(),
                 {"correct": "correct", "incorrect": "incorrect"}.get(meta.get("expected"), ""),
                 {"level": meta.get("level"), "name": meta.get("problem_name")})
+    sizes: dict[str, int] = {}
     for pair in pairs:
         pair["key"] = sha(pair["reference_code"] + "\0" + pair["candidate_code"])
         pair["build_group"] = build_group(pair["candidate_code"], pair["key"])
+        ref = sha(pair["reference_code"])
+        if ref not in sizes:
+            sizes[ref] = input_bytes(pair["reference_code"])
+        # the drawn set, with room for the outputs and the process itself
+        pair["host_bytes"] = 2 * sizes[ref] + 2**30
     return pairs
+
+
+def input_bytes(reference_code: str) -> int:
+    """Bytes of one `get_inputs()` set, drawn on torch's meta device (nothing allocated);
+    1 GiB when the file cannot say."""
+    import torch
+
+    context: dict = {}
+    try:
+        with torch.device("meta"):
+            exec(compile(reference_code, "reference", "exec"), context)  # noqa: S102 - task file
+            inputs = context["get_inputs"]()
+        return sum(x.numel() * x.element_size() for x in inputs if isinstance(x, torch.Tensor))
+    except Exception:  # noqa: BLE001 - an estimate for scheduling only
+        return 2**30
 
 
 def build_group(candidate: str, key: str) -> str | None:
@@ -192,6 +223,21 @@ class Journal:
             fh.write(json.dumps(entry, sort_keys=True, default=str) + "\n")
 
 
+LIVE_CHILDREN: set = set()  # process groups to kill if this script is stopped
+STOPPING = threading.Event()  # set when stopped: a child killed then is no result to journal
+
+
+def kill_children(*_signal) -> None:
+    STOPPING.set()
+    for pid in list(LIVE_CHILDREN):
+        try:
+            os.killpg(pid, signal.SIGKILL)
+        except OSError:
+            pass
+    if _signal:
+        raise SystemExit(128 + _signal[0])  # unwinds the harness session: its workers stop
+
+
 def run_child(spec: dict, timeout_s: float, env: dict, log_path: Path) -> tuple[dict | None, str]:
     """Run one child; (its JSON output, 'ok' | 'timeout' | 'crashed:<rc>')."""
     spec_path = Path(spec["out"]).with_suffix(".spec.json")
@@ -200,6 +246,7 @@ def run_child(spec: dict, timeout_s: float, env: dict, log_path: Path) -> tuple[
     with open(log_path, "ab") as log_fh:
         proc = subprocess.Popen([sys.executable, str(CHILD), str(spec_path)], stdout=log_fh,
                                 stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        LIVE_CHILDREN.add(proc.pid)
         try:
             rc = proc.wait(timeout=timeout_s)
             status = "ok" if rc == 0 else f"crashed:{rc}"
@@ -207,6 +254,8 @@ def run_child(spec: dict, timeout_s: float, env: dict, log_path: Path) -> tuple[
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
             status = "timeout"
+        finally:
+            LIVE_CHILDREN.discard(proc.pid)
     out = Path(spec["out"])
     return (json.loads(out.read_text()) if out.is_file() else None), status
 
@@ -245,26 +294,41 @@ class KernelBenchSide:
         ready = [g[0] for g in sorted(groups.values(), key=lambda g: g[0]["build_group"] is None)]
         followers = {g[0]["pair_id"]: g[1:] for g in groups.values() if len(g) > 1}
         remaining = [len(todo)]
+        # host memory: each child holds a pair's input set on the host while it draws it
+        # (up to 17 GB on level 1), so big pairs wait for room (one always runs)
+        budget = self.args.kb_host_gb * 2**30
+        in_use = [0]
         cond = threading.Condition()
         began = time.monotonic()
+
+        def take():
+            for i, pair in enumerate(ready):
+                if in_use[0] == 0 or in_use[0] + pair["host_bytes"] <= budget:
+                    in_use[0] += pair["host_bytes"]
+                    return ready.pop(i)
+            return None
 
         def worker():
             while True:
                 with cond:
-                    while not ready and remaining[0] > 0:
+                    pair = take()
+                    while pair is None and remaining[0] > 0:
                         cond.wait(0.5)
-                    if remaining[0] <= 0:
+                        pair = take()
+                    if pair is None:
                         return
-                    pair = ready.pop(0)
                 if deadline is not None and time.monotonic() > deadline:
                     with cond:  # out of budget: this pair and its group are left for a resume
+                        in_use[0] -= pair["host_bytes"]
                         remaining[0] -= 1 + len(followers.pop(pair["pair_id"], []))
                         cond.notify_all()
                     continue
+                wall = 0.0
                 try:
                     wall = self.run_pair(pair, run_index, done)
                 finally:
                     with cond:
+                        in_use[0] -= pair["host_bytes"]
                         remaining[0] -= 1
                         ready.extend(followers.pop(pair["pair_id"], []))
                         cond.notify_all()
@@ -295,10 +359,13 @@ class KernelBenchSide:
                     "reference_path": str(Path(pair["folder"]) / "reference.py"),
                     "candidate_path": str(Path(pair["folder"]) / "candidate.py"),
                     "tolerances": missing, "trials": self.args.trials,
+                    "kb_mode": self.args.kb_mode,
                     "build_dir": str(build_dir), "emulate_cpu": self.args.kb_emulate_cpu,
                     "out": str(self.state / "kb_runs" / f"{name}.json")}
             out, status = run_child(spec, timeout, self.env,
                                     self.state / "kb_logs" / f"{name}.log")
+            if STOPPING.is_set():
+                return time.monotonic() - began
             for run in (out or {}).get("runs", []):
                 if run["status"] == "none" and attempt < 3:
                     continue  # KernelBench's own "retry" signal
@@ -352,29 +419,42 @@ def harness_settings(args):
 
     params = yaml.safe_load(args.params.read_text())  # no schema check: no jsonschema needed
     values = dict(params["harness"], kernelbench_trials=args.trials)
+    if args.backend == "cuda" and args.harness_workers > 1:
+        values["devices"] = (0,) * args.harness_workers  # several workers on GPU 0
     if args.cache_dir:
         values["cache_dir"] = str(args.cache_dir)
     return HarnessSettings.from_params(values), params.get("protocols")
 
 
-def run_harness(pairs: list[dict], args, state: Path, run_index: int = 0) -> dict:
+def run_harness(pairs: list[dict], args, state: Path, run_index: int = 0,
+                deadline: float | None = None) -> dict:
     """pair key -> our result row (correctness only). Run 0 resumes from its journal; a rerun
-    uses fresh job ids in a fresh session, so nothing is copied from an earlier row."""
+    uses fresh job ids in a fresh session, so nothing is copied from an earlier row. Pairs
+    with builds go first; with a deadline, no new chunk starts after it."""
     from dicepipe.harness import HarnessSession, Job
 
     settings, _ = harness_settings(args)
     suffix = "" if run_index == 0 else f"@rerun{run_index}"
-    jobs = [Job(p["pair_id"] + suffix, p["reference_code"], p["candidate_code"], args.backend)
-            for p in pairs]
+    ordered = sorted(pairs, key=lambda p: p["build_group"] is None)
     results = state / "harness" / f"results_run{run_index}.parquet"
     results.parent.mkdir(parents=True, exist_ok=True)
     began = time.monotonic()
+    rows: dict = {}
+    chunk = args.harness_chunk or len(ordered) or 1
     with HarnessSession(settings) as session:
-        table = session.evaluate(jobs, results_path=results, progress=True, measure_speed=False)
-    log(f"harness run {run_index}: {len(jobs)} pairs in {time.monotonic() - began:.0f} s "
-        f"({session.last_summary.line()})")
-    rows = table.to_pylist()
-    return {p["key"]: row for p, row in zip(pairs, rows)}
+        for start in range(0, len(ordered), chunk):
+            if deadline is not None and time.monotonic() > deadline:
+                log(f"harness: budget spent after {len(rows)} of {len(ordered)} pairs")
+                break
+            part = ordered[start:start + chunk]
+            jobs = [Job(p["pair_id"] + suffix, p["reference_code"], p["candidate_code"],
+                        args.backend) for p in part]
+            table = session.evaluate(jobs, results_path=results, progress=True,
+                                     measure_speed=False)
+            rows.update({p["key"]: row for p, row in zip(part, table.to_pylist())})
+            log(f"harness run {run_index}: {len(rows)}/{len(ordered)} pairs, "
+                f"{time.monotonic() - began:.0f} s ({session.last_summary.line()})")
+    return rows
 
 
 # ---------------------------------------------------------------- comparison (pure)
@@ -460,7 +540,12 @@ def suggest_reason(record: dict, row: dict | None, facts: dict | None, reruns: l
         if record.get(f"kb_status_{tag}") == "timeout":
             reasons.append(f"KernelBench's run at {tag} timed out")
             break
-    return "; ".join(dict.fromkeys(reasons)) or "unexplained"
+    if not reasons or all(r.startswith("reproduced") for r in reasons):
+        ours = record.get("ours_error") and f"ours: {record.get('ours_error_phase')}: {record['ours_error']}"
+        theirs = record.get("kb_error_0.0001") and f"KernelBench: {record['kb_error_0.0001']}"
+        detail = "; ".join(x for x in (ours, theirs) if x)
+        reasons.insert(0, f"unexplained ({detail})" if detail else "unexplained")
+    return "; ".join(dict.fromkeys(reasons))
 
 
 # ---------------------------------------------------------------- outputs
@@ -587,6 +672,17 @@ def parse_args(argv=None):
                         help="seconds per pair and tolerance (KernelBench's script: 180)")
     parser.add_argument("--kb-build-timeout", type=float, default=600.0,
                         help="extra seconds for a pair whose candidate builds an extension")
+    parser.add_argument("--kb-mode", default="probe", choices=["probe", "separate"],
+                        help="probe: one eval_kernel_against_ref at the first tolerance, its "
+                             "allclose calls re-evaluated at the others (half the input draws); "
+                             "separate: one run per tolerance, get_tolerance_for_precision patched")
+    parser.add_argument("--kb-host-gb", type=float, default=48.0,
+                        help="host memory the KernelBench processes' input sets may take at once")
+    parser.add_argument("--harness-workers", type=int, default=4,
+                        help="our harness's device workers on the one GPU (correctness only, "
+                             "so they may share it; cuda backend)")
+    parser.add_argument("--harness-chunk", type=int, default=64,
+                        help="pairs per harness call (the budget is checked between calls; 0: one)")
     parser.add_argument("--cuda-arch", default=None, help="TORCH_CUDA_ARCH_LIST for KernelBench's builds")
     parser.add_argument("--cache-dir", type=Path, default=None, help="our harness's build cache")
     parser.add_argument("--sequential", action="store_true",
@@ -605,6 +701,7 @@ def parse_args(argv=None):
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+    signal.signal(signal.SIGTERM, kill_children)
     began = time.monotonic()
     deadline = began + args.budget_s if args.budget_s else None
     state = args.state or args.out / "state"
@@ -638,7 +735,7 @@ def main(argv=None) -> int:
             thread.join()
     if not args.skip_harness:
         start = time.monotonic()
-        rows = run_harness(pairs, args, state)
+        rows = run_harness(pairs, args, state, 0, deadline)
         walls["harness"] = round(time.monotonic() - start, 1)
     if thread is not None:
         thread.join()
@@ -659,7 +756,8 @@ def main(argv=None) -> int:
                 break
             log(f"re-run {run_index} of {len(disagreeing)} disagreeing pairs")
             kb.run(disagreeing, run_index, deadline)
-            again = run_harness(disagreeing, args, state, run_index) if not args.skip_harness else {}
+            again = ({} if args.skip_harness
+                     else run_harness(disagreeing, args, state, run_index, deadline))
             entries = kb.done()
             for pair in disagreeing:
                 rerun = dict(kb_verdicts(entries, pair["key"], tolerances, run_index),

@@ -14,8 +14,12 @@ the output's dtype and the harness in float64, so the two may differ when the ne
 tolerance is within a few units in the last place of the output's dtype from the
 protocol's (fp32: ~1e-7 relative; fp16 ~1e-3; bf16 ~8e-3).
 
-The GPU half of the differential (real kernel pairs through `eval_kernel_against_ref`) is
-bench/kernelbench_differential.py.
+Beyond single outputs: the harness's KernelBench trials (kb_trials: seeds, as-drawn inputs,
+reference first) judged by the `kernelbench` / `kernelbench_v0` protocols against
+KernelBench's five trials on the same CPU models; KernelBench's fp32 cast of integer inputs
+(a listed defect); and the GPU bench's KernelBench child, whose one-run "probe" mode must
+give the verdicts of two separate runs. The GPU half of the differential (real kernel pairs
+through `eval_kernel_against_ref`) is bench/kernelbench_differential.py.
 """
 
 from __future__ import annotations
@@ -311,3 +315,60 @@ def test_kernelbench_protocols_match_run_and_check_correctness(kb_eval, monkeypa
     # the parameter sets with cut 0.5 go wrong on some draws only: trials are drawn apart
     if cut == 0.5:
         assert 0 < sum(t > 0 for t in record) < 5 or (fault and len(record) < 5), record
+
+
+_PAIR_REFERENCE = '''
+import torch
+import torch.nn as nn
+
+class Model(nn.Module):
+    def __init__(self, scale):
+        super().__init__()
+        self.lin = nn.Linear(64, 32)
+        self.scale = scale
+
+    def forward(self, x):
+        return torch.tanh(self.lin(x)) * self.scale
+
+def get_inputs():
+    return [torch.rand(16, 64)]
+
+def get_init_inputs():
+    return [3.0]
+'''
+_PAIR_BODIES = {
+    "off_by_1e-3": "return torch.tanh(self.lin(x)) * self.scale * (1 + 1e-3)",
+    "raises_on_some_draws": ("if x[0, 0] > 0.3:\n            raise RuntimeError('boom')\n"
+                             "        return torch.tanh(self.lin(x)) * self.scale"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(_PAIR_BODIES))
+def test_differential_child_probe_equals_separate_runs(kb_eval, tmp_path, name):
+    """bench/kernelbench_differential.py's KernelBench child (CPU emulation): one
+    eval_kernel_against_ref at 1e-4 with its allclose calls probed at 1e-2 gives the verdicts
+    of two separate runs with get_tolerance_for_precision patched to each."""
+    import json
+    import subprocess
+
+    reference = tmp_path / "reference.py"
+    reference.write_text(_PAIR_REFERENCE)
+    candidate = tmp_path / "candidate.py"
+    candidate.write_text(_PAIR_REFERENCE.replace("Model", "ModelNew").replace(
+        "return torch.tanh(self.lin(x)) * self.scale", _PAIR_BODIES[name]))
+    verdicts = {}
+    for mode in ("probe", "separate"):
+        spec = {"mode": "eval", "kb_src": str(KERNELBENCH_SRC), "reference_path": str(reference),
+                "candidate_path": str(candidate), "tolerances": [1e-4, 1e-2], "trials": 5,
+                "kb_mode": mode, "emulate_cpu": True, "build_dir": str(tmp_path / "build"),
+                "out": str(tmp_path / f"{mode}.json")}
+        (tmp_path / f"{mode}.spec.json").write_text(json.dumps(spec))
+        subprocess.run([sys.executable, str(REPO_ROOT / "bench" / "kernelbench_eval_child.py"),
+                        str(tmp_path / f"{mode}.spec.json")], check=True, capture_output=True,
+                       timeout=120)
+        runs = json.loads((tmp_path / f"{mode}.json").read_text())["runs"]
+        verdicts[mode] = [(r["tol"], r["compiled"], r["correctness"]) for r in runs]
+    assert verdicts["probe"] == verdicts["separate"]
+    expected = {"off_by_1e-3": [(1e-4, True, False), (1e-2, True, True)],
+                "raises_on_some_draws": [(1e-4, True, False), (1e-2, True, False)]}[name]
+    assert verdicts["separate"] == expected

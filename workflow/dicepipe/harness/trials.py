@@ -190,8 +190,9 @@ def check_correctness(get_inputs, ref_model, cand_model, seed: int, settings: di
 def post_timing_check(get_inputs, ref_model, cand_model, seed: int, settings: dict,
                       device: str, varied: bool = True) -> bool:
     """Right again on inputs drawn after timing (a candidate that changes its answer after
-    many calls, or that caches by call count, fails here). `varied`: also on a varied
-    input (for kernels that passed the varied trials before timing)."""
+    many calls, or that caches by call count, fails here). `varied`: also on the `normal`
+    variant (for kernels that passed the varied trials before timing, on references whose
+    probe accepted that variant)."""
     checks = ((50_000, "as_drawn"), (50_001, "normal")) if varied else ((50_000, "as_drawn"),)
     with torch.no_grad():
         for offset, variant in checks:
