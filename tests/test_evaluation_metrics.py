@@ -110,3 +110,21 @@ def test_several_samples_average_exec_and_give_pass_at_k():
     assert row["kernelbench.plain.pass_at_1"] == 0.25
     assert row["kernelbench.plain.pass_at_2"] == 0.5
     assert row["kernelbench.plain.pass_at_3"] is None  # not enough samples
+
+
+def test_a_reference_that_disagrees_with_itself_under_one_protocol_limits_that_one_only():
+    """The reference's check against a copy of itself is judged per protocol: a reference
+    whose answers change with the input distribution fails the strict check, not
+    KernelBench's; the task leaves the strict denominators only and is reported."""
+    limited = record("t1", 1, result(tol=0.0, median=1.5, low=1.2))
+    limited["reference_check"] = {"compiled": True, "correct": False, "tolerance_needed": None,
+                                  "output_precision": "fp32", "kb_trial_tolerance": [0.0] * 5}
+    clean = record("t2", 1, result(correct=False))
+    clean["reference_check"] = {"compiled": True, "correct": True, "tolerance_needed": 0.0,
+                                "output_precision": "fp32", "kb_trial_tolerance": [0.0] * 5}
+    strict = named_protocol("strict")
+    row = summarize([limited, clean], "model", PROFILES + [strict], [1.0], [1])[-1]
+    assert row["reference_failed"] == 0
+    assert row["strict.reference_limited"] == 1 and row["kernelbench.reference_limited"] == 0
+    assert row["kernelbench.plain.exec"] == 0.5  # t1 right, t2 wrong: both tasks count
+    assert row["strict.plain.exec"] == 0.0  # only t2 is judged by the strict check

@@ -18,7 +18,10 @@ harness row, or None when there was no code to run). Every decision goes through
   under the harness's launch-bound floor (their speedups are mostly launch overhead).
 
 Tasks whose reference fails are counted in `reference_failed` and left out of every
-denominator: they say nothing about the model.
+denominator: they say nothing about the model. A task whose reference runs but does not
+agree with a copy of itself under a protocol (nondeterministic at 1e-4, say, or changing
+with the input distribution under the strict check) is counted in
+`<protocol>.reference_limited` and left out of that protocol's denominators only.
 """
 
 from __future__ import annotations
@@ -136,7 +139,9 @@ def summarize(records: Sequence[Mapping], system: str, protocols: Sequence[Proto
                                   for r in group if r["task_id"] in ok])}
         for protocol in protocols:
             usable = {r["task_id"] for r in group if reference_usable(r, protocol)}
-            row[f"{protocol.name}.reference_failed"] = len(tasks) - len(usable)
+            # ran, but does not agree with a copy of itself under this protocol: the task
+            # is reference-limited here, out of this protocol's denominators only
+            row[f"{protocol.name}.reference_limited"] = len(ok) - len(usable & ok)
             for verdict_name, robust in VERDICTS:
                 scores = score_group(group, protocol, robust, fast_p, pass_k)
                 for name in metric_names(fast_p, pass_k):
