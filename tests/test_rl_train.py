@@ -9,6 +9,7 @@ import json
 import shutil
 from pathlib import Path
 
+import pytest
 import torch
 from dicepipe.model.loading import LoadedModel
 from dicepipe.model.settings import BlockSettings
@@ -134,8 +135,9 @@ def test_resume_after_a_kill_reproduces_the_next_step(params, tmp_path, one_thre
     # both runners delete a failed job's outputs (the metrics folder) before re-running it
     shutil.rmtree(tmp_path / "cut" / "metrics", ignore_errors=True)
     summary, _ = _run(tmp_path / "cut", settings)
-    counted = ("groups_kept_total", "steps_without_update", "mean_reward_first", "val_rewards")
-    assert {k: summary[k] for k in counted} == {k: full_summary[k] for k in counted}
+    assert _without_wall_time(summary) == _without_wall_time(full_summary)
+    assert (summary["resumes"], summary["resumed_at_steps"]) == (1, [1])
+    assert (full_summary["resumes"], full_summary["resumed_at_steps"]) == (0, [])
     full_val = (tmp_path / "full" / "metrics" / "val.tsv").read_text()
     assert (tmp_path / "cut" / "metrics" / "val.tsv").read_text() == full_val
     full = (tmp_path / "full" / "metrics" / "steps.tsv").read_text().splitlines()
@@ -152,6 +154,56 @@ def test_resume_after_a_kill_reproduces_the_next_step(params, tmp_path, one_thre
     b = load_file(tmp_path / "cut" / "model" / "model.safetensors")
     assert all(torch.equal(a[k], b[k]) for k in a)
     assert summary["best_step"] == 3
+
+
+def _without_wall_time(summary: dict) -> dict:
+    """The summary less what differs between any two runs (wall time) or names the resumes."""
+    return {k: v for k, v in summary.items() if k not in ("train_time_s", "resumes", "resumed_at_steps")}
+
+
+def _tsv_without_wall_time(path: Path) -> list[list[str]]:
+    lines = path.read_text().splitlines()
+    keep = [i for i, c in enumerate(lines[0].split("\t")) if not c.startswith(("time_", "gen_tokens_per_s"))]
+    return [[line.split("\t")[i] for i in keep] for line in lines]
+
+
+def test_kill_between_checkpoints_resumes_with_the_whole_runs_logs_and_selection(
+        params, tmp_path, one_thread, monkeypatch):
+    """Checkpoints every 2 steps, validation every step: killed during step 4 (after step 3's
+    rows and its validation, which may have saved a new best model), the metrics folder
+    deleted as both runners do, resumed and stopped at 3, resumed again. The logs are the
+    uninterrupted run's (steps.tsv less its wall-time columns, val.tsv exactly), the selected
+    model and the summary too, with both resumes noted."""
+    from dicepipe.train import rl as rl_loop
+    from test_sft_train import interrupt_at_call
+
+    settings = _settings(params, steps=4, save_every_steps=2, eval_every_steps=1)
+    val = EncodedTasks(_tasks(1).tasks, _tasks(1).prompt_ids, 0)
+    full_summary, _ = _run(tmp_path / "full", settings, val=val)
+
+    interrupt_at_call(monkeypatch, rl_loop, "rl_step", 4)
+    with pytest.raises(KeyboardInterrupt):
+        _run(tmp_path / "cut", settings, val=val)
+    work = tmp_path / "cut" / "work"
+    assert json.loads((work / "latest.json").read_text())["step"] == 2
+    assert [r[0] for r in _tsv_without_wall_time(work / "steps.tsv")[1:]] == ["1", "2", "3"]
+    assert len(list(work.glob("best-*"))) <= 2  # the best so far and the checkpoint's best
+    shutil.rmtree(tmp_path / "cut" / "metrics", ignore_errors=True)
+    assert _run(tmp_path / "cut", settings, RunOptions(stop_after_steps=3), val=val)[0] is None
+    shutil.rmtree(tmp_path / "cut" / "metrics", ignore_errors=True)
+    summary, _ = _run(tmp_path / "cut", settings, val=val)
+
+    full, cut = tmp_path / "full" / "metrics", tmp_path / "cut" / "metrics"
+    assert (cut / "val.tsv").read_text() == (full / "val.tsv").read_text()
+    assert _tsv_without_wall_time(cut / "steps.tsv") == _tsv_without_wall_time(full / "steps.tsv")
+    assert _without_wall_time(summary) == _without_wall_time(full_summary)
+    assert (summary["resumes"], summary["resumed_at_steps"]) == (2, [2, 3])
+    assert json.loads((cut / "summary.json").read_text())["resumed_at_steps"] == [2, 3]
+    from safetensors.torch import load_file
+
+    a = load_file(tmp_path / "full" / "model" / "model.safetensors")
+    b = load_file(tmp_path / "cut" / "model" / "model.safetensors")
+    assert all(torch.equal(a[k], b[k]) for k in a)
 
 
 def test_stage_runs_when_every_group_is_dropped_and_selects_on_validation(params, tmp_path, one_thread):

@@ -81,25 +81,85 @@ def short_params(params):
     return params
 
 
-def test_sft_stage_is_deterministic_and_resumes_after_a_kill(short_params, tmp_path, one_thread):
+def interrupt_at_call(monkeypatch, module, name: str, call: int) -> None:
+    """Ctrl-C (KeyboardInterrupt) inside the `call`-th call of `module.name` (1-based) in the
+    next run: a kill that lands between two checkpoints, after the rows of the steps before."""
+    real = getattr(module, name)
+    calls = []
+
+    def interrupted(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == call:
+            monkeypatch.setattr(module, name, real)
+            raise KeyboardInterrupt
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(module, name, interrupted)
+
+
+def _tsv(path: Path, drop: tuple[str, ...] = ()) -> list[list[str]]:
+    """The file's rows (header first) without the columns named in `drop`."""
+    lines = path.read_text().splitlines()
+    keep = [i for i, c in enumerate(lines[0].split("\t")) if c not in drop]
+    return [[line.split("\t")[i] for i in keep] for line in lines]
+
+
+WALL_TIME_COLUMNS = ("tokens_per_s",)  # measurements: they differ between any two runs
+WALL_TIME_SUMMARY = ("train_time_s", "tokens_per_s")
+
+
+def test_sft_stage_is_deterministic_and_resumes_after_a_kill(short_params, tmp_path, one_thread,
+                                                             monkeypatch):
+    """Killed during step 6 (checkpoints every 2 steps: the last at 4, step 5's row already
+    written), its metrics folder deleted as both runners do, resumed, stopped at 9 and resumed
+    again: the model is the uninterrupted run's byte for byte, steps.tsv is its file but for
+    the wall-time column (the rows before each resume re-emitted as the killed run measured
+    them), and the summary counts the whole run and names the resumes."""
+    import json
+    import shutil
+
+    from dicepipe.train import sft as sft_loop
+
     data = tmp_path / "sft.parquet"
     _write_split(data)
-    assert _run_stage(short_params, data, tmp_path / "straight") == 0
-    assert _run_stage(short_params, data, tmp_path / "killed", stop_after=5) == 0
-    assert not (tmp_path / "killed" / "model").exists()
-    assert (tmp_path / "killed" / "model.work" / "latest.json").is_file()
-    assert _run_stage(short_params, data, tmp_path / "killed") == 0  # resumes at step 5
-
     straight, resumed = tmp_path / "straight", tmp_path / "killed"
+    assert _run_stage(short_params, data, straight) == 0
+
+    interrupt_at_call(monkeypatch, sft_loop, "train_step", 6)
+    with pytest.raises(KeyboardInterrupt):
+        _run_stage(short_params, data, resumed)
+    work = resumed / "model.work"
+    assert json.loads((work / "latest.json").read_text())["step"] == 4
+    killed_rows = _tsv(work / "steps.tsv")
+    assert [row[0] for row in killed_rows[1:]] == ["1", "2", "3", "4", "5"]
+    shutil.rmtree(resumed / "metrics", ignore_errors=True)
+
+    assert _run_stage(short_params, data, resumed, stop_after=9) == 0  # resumes at 4
+    assert not (resumed / "model").exists() and not (resumed / "metrics" / "summary.json").exists()
+    progress = json.loads((work / "step-00000009" / "progress.json").read_text())
+    assert progress["resumed_at_steps"] == [4]
+    shutil.rmtree(resumed / "metrics", ignore_errors=True)
+    assert _run_stage(short_params, data, resumed) == 0  # resumes at 9
+
     for name in ("model.safetensors", "config.json", "tokenizer.json", "block_diffusion.json",
                  "chat_template.jinja"):
         assert (straight / "model" / name).read_bytes() == (resumed / "model" / name).read_bytes(), name
-    assert not (resumed / "model.work").exists()  # checkpoints removed after success
-    lines = (resumed / "metrics" / "steps.tsv").read_text().splitlines()
-    assert [int(line.split("\t")[0]) for line in lines[1:]] == list(range(1, 13))  # 2 steps x 6 epochs
-    straight_losses = [line.split("\t")[2] for line in (straight / "metrics" / "steps.tsv").read_text().splitlines()]
-    assert straight_losses == [line.split("\t")[2] for line in lines]
-    assert (resumed / "metrics" / "summary.json").is_file()
+    assert not work.exists()  # checkpoints removed after success
+    rows = _tsv(resumed / "metrics" / "steps.tsv")
+    assert [int(row[0]) for row in rows[1:]] == list(range(1, 13))  # 2 steps x 6 epochs
+    assert _tsv(resumed / "metrics" / "steps.tsv", WALL_TIME_COLUMNS) == \
+        _tsv(straight / "metrics" / "steps.tsv", WALL_TIME_COLUMNS)
+    assert rows[1:5] == killed_rows[1:5]  # steps 1-4 as the killed run measured them
+
+    whole = json.loads((straight / "metrics" / "summary.json").read_text())
+    parts = json.loads((resumed / "metrics" / "summary.json").read_text())
+    assert (whole["resumes"], whole["resumed_at_steps"]) == (0, [])
+    assert (parts["resumes"], parts["resumed_at_steps"]) == (2, [4, 9])
+    notes = ("resumes", "resumed_at_steps")
+    assert {k: v for k, v in parts.items() if k not in WALL_TIME_SUMMARY + notes} == \
+        {k: v for k, v in whole.items() if k not in WALL_TIME_SUMMARY + notes}
+    assert parts["loss_first"] == float(rows[1][rows[0].index("loss")])
+    assert parts["train_time_s"] > round(progress["train_time_s"], 3) > 0  # steps 1-9, then 10-12
 
 
 def _run_sft_command(params: dict, tmp_path: Path, repo_root: Path, name: str, device: str,

@@ -6,7 +6,8 @@
 Several GPUs: set params.yaml `scales.<scale>.gpus`; the stage then starts itself again
 under torchrun with that many ranks (FSDP, one GPU each; dicepipe.train.launch). A killed run
 resumes from its last checkpoint under --work-dir when started again with the same
-arguments. The output folder is a transformers checkpoint (model, tokenizer, chat template)
+arguments, keeping every step's metrics (summary.json counts the whole run and notes the
+resumes). The output folder is a transformers checkpoint (model, tokenizer, chat template)
 plus block_diffusion.json; metrics are steps.tsv (per step) and summary.json.
 """
 

@@ -2,7 +2,9 @@
 (sharded under FSDP, one file in a single process), written to a temporary folder and
 renamed, with `latest.json` naming the newest complete one. Everything else a step needs
 (data order, noise, learning rate) is a function of the step number, so a resumed run
-repeats exactly what an uninterrupted one would have done."""
+repeats exactly what an uninterrupted one would have done. What the run has measured so far
+(wall time, the steps it resumed at, the loop's own state) travels in the same folder as
+`progress.json`, so it always matches the weights it is restored with."""
 
 from __future__ import annotations
 
@@ -19,6 +21,7 @@ from .parallel import DistEnv, barrier
 
 log = logging.getLogger(__name__)
 LATEST = "latest.json"
+PROGRESS = "progress.json"
 
 
 FINGERPRINT = "fingerprint.txt"
@@ -47,7 +50,9 @@ def _state(model, optimizer):
     return {"model": model_state, "optim": optim_state}
 
 
-def save_checkpoint(work_dir: Path, step: int, model, optimizer, env: DistEnv, keep: int = 1) -> None:
+def save_checkpoint(work_dir: Path, step: int, model, optimizer, env: DistEnv, keep: int = 1,
+                    progress: dict | None = None) -> None:
+    """Model and optimizer at `step`, plus `progress` (JSON, the main rank's) beside them."""
     import torch.distributed.checkpoint as dcp
 
     work_dir = Path(work_dir)
@@ -62,6 +67,7 @@ def save_checkpoint(work_dir: Path, step: int, model, optimizer, env: DistEnv, k
         dcp.save(_state(model, optimizer), checkpoint_id=str(tmp))
     barrier(env)
     if env.is_main:
+        (tmp / PROGRESS).write_text(json.dumps(progress or {}, sort_keys=True) + "\n")
         shutil.rmtree(final, ignore_errors=True)
         tmp.rename(final)
         pointer = work_dir / (LATEST + ".tmp")
@@ -85,6 +91,14 @@ def latest_step(work_dir: Path) -> tuple[int, Path] | None:
     data = json.loads(pointer.read_text())
     folder = Path(work_dir) / data["folder"]
     return (int(data["step"]), folder) if folder.is_dir() else None
+
+
+def saved_progress(work_dir: Path) -> dict:
+    """The `progress` saved with the latest checkpoint ({} when there is none)."""
+    found = latest_step(work_dir)
+    if found is None or not (found[1] / PROGRESS).is_file():
+        return {}
+    return json.loads((found[1] / PROGRESS).read_text())
 
 
 def restore_checkpoint(work_dir: Path, model, optimizer) -> int:

@@ -10,6 +10,11 @@ Readable top to bottom: `run_rl` sets up and loops; `rl_step` is one step:
 Every `eval_every_steps` (and before the first step) the policy decodes the held-out
 validation prompts greedily; the stage's output is the checkpoint with the best mean
 validation reward (the latest among equals), and the metrics name its step.
+
+A killed run resumes from its last checkpoint as the uninterrupted run would go on: the step
+and validation logs keep the rows before it (train/metrics.py), the selection state (best
+step, validation history, the best model's folder) is the one saved with that checkpoint,
+and the summary counts the whole run, the resumes noted.
 """
 
 from __future__ import annotations
@@ -29,7 +34,7 @@ from tqdm import tqdm
 from ..model.loading import LoadedModel, save_model
 from . import checkpoint
 from .data import stable_seed
-from .metrics import StepLog, write_summary
+from .metrics import RunProgress, StepLog, publish_logs, write_summary
 from .optim import make_adamw
 from .parallel import DistEnv, all_reduce_sum, barrier
 from .rl_reward import Reward, group_advantages
@@ -51,7 +56,7 @@ LOG_NAMES = ("steps.tsv", "val.tsv")  # written in the work folder, copied to me
 class RLPaths:
     out_dir: Path  # the selected (best) checkpoint
     metrics_dir: Path  # steps.tsv, val.tsv (copied from work_dir at the end), summary.json
-    work_dir: Path  # resumable checkpoints, the best model so far and the step logs
+    work_dir: Path  # resumable checkpoints, the best models so far and the step logs
 
 
 @dataclass(frozen=True)
@@ -169,49 +174,81 @@ def run_rl(loaded: LoadedModel, tasks: EncodedTasks, val: EncodedTasks, reward: 
 
 def _loop(run: RLRun, paths: RLPaths, options: RunOptions, start: int, bf16: bool) -> dict | None:
     s, env = run.settings, run.env
+    work = Path(paths.work_dir)
+    saved = checkpoint.saved_progress(work) if start else {}
+    progress = RunProgress(saved, start)
     # The logs live next to the checkpoints: both runners delete a failed job's outputs
     # (the metrics folder) before re-running it, and the summary counts every step's row.
-    steps_log = StepLog(Path(paths.work_dir) / LOG_NAMES[0], start, env.is_main, STEP_COLUMNS)
-    val_log = StepLog(Path(paths.work_dir) / LOG_NAMES[1], start, env.is_main, VAL_COLUMNS)
-    best = _Best.load(paths.work_dir) if start else _Best()
+    steps_log = StepLog(work / LOG_NAMES[0], start, env.is_main, STEP_COLUMNS)
+    val_log = StepLog(work / LOG_NAMES[1], start, env.is_main, VAL_COLUMNS)
+    best = _Best.from_state(saved.get("best"))
+    if env.is_main:  # best models a killed run saved after its last checkpoint are not this run's
+        best.prune(work)
+    barrier(env)
     if start == 0:
         _select(run, paths, best, 0, val_log)
     bar = tqdm(range(start, s["steps"]), desc=f"rl {s['stage']}", disable=not env.is_main,
                initial=start, total=s["steps"])
     for step in bar:
-        row = rl_step(run, step)
-        steps_log.write(row)
-        bar.set_postfix(reward=f"{row['mean_reward']:.3f}", kept=f"{row['groups_kept']}/{row['groups']}")
         done = step + 1
-        if done % s["eval_every_steps"] == 0 or done == s["steps"]:
-            _select(run, paths, best, done, val_log)
+        with progress:  # the step and its validation
+            row = rl_step(run, step)
+            steps_log.write(row)
+            if done % s["eval_every_steps"] == 0 or done == s["steps"]:
+                _select(run, paths, best, done, val_log)
+        bar.set_postfix(reward=f"{row['mean_reward']:.3f}", kept=f"{row['groups_kept']}/{row['groups']}")
         if options.stop_after_steps is not None and done >= options.stop_after_steps:
-            checkpoint.save_checkpoint(paths.work_dir, done, run.scorer.policy, run.optimizer, env)
+            _save_checkpoint(run, work, done, progress, best)
             return None
         if done % s["save_every_steps"] == 0 and done < s["steps"]:
-            checkpoint.save_checkpoint(paths.work_dir, done, run.scorer.policy, run.optimizer, env)
-    summary = _finish(run, paths, best, steps_log, options)
+            _save_checkpoint(run, work, done, progress, best)
+    summary = _finish(run, paths, best, steps_log, progress, options)
     barrier(env)
     return summary
 
 
+def _save_checkpoint(run: RLRun, work: Path, step: int, progress: RunProgress, best: _Best) -> None:
+    """Weights and optimizer with the run's totals and selection state, which a resume from
+    this step takes up; from here on only the best model of this step's state is kept."""
+    best.checkpointed_step = best.step
+    checkpoint.save_checkpoint(work, step, run.scorer.policy, run.optimizer, run.env,
+                               progress=progress.state(best=best.state()))
+    if run.env.is_main:
+        best.prune(work)
+    barrier(run.env)
+
+
 @dataclass
 class _Best:
+    """The selection so far: the best step, its validation reward, every validation, and
+    the step whose model the last checkpoint's selection names (kept until the next one)."""
+
     step: int = -1
     val_reward: float | None = None
     history: dict = field(default_factory=dict)
+    checkpointed_step: int = -1
 
     @classmethod
-    def load(cls, work_dir: Path) -> _Best:
-        path = Path(work_dir) / "best.json"
-        if not path.is_file():
+    def from_state(cls, state: dict | None) -> _Best:
+        if not state:
             return cls()
-        data = json.loads(path.read_text())
-        return cls(data["step"], data["val_reward"], {int(k): v for k, v in data["history"].items()})
+        return cls(state["step"], state["val_reward"], {int(k): v for k, v in state["history"].items()},
+                   state["step"])
 
-    def save(self, work_dir: Path) -> None:
-        data = {"step": self.step, "val_reward": self.val_reward, "history": self.history}
-        Path(work_dir, "best.json").write_text(json.dumps(data, sort_keys=True) + "\n")
+    def state(self) -> dict:
+        return {"step": self.step, "val_reward": self.val_reward,
+                "history": {str(k): v for k, v in sorted(self.history.items())}}
+
+    @staticmethod
+    def folder(work_dir: Path, step: int) -> Path:
+        return Path(work_dir) / f"best-{step:08d}"
+
+    def prune(self, work_dir: Path) -> None:
+        """Remove the saved models that are neither the best nor the checkpoint's best."""
+        keep = {self.folder(work_dir, self.step).name, self.folder(work_dir, self.checkpointed_step).name}
+        for folder in Path(work_dir).glob("best-*"):
+            if folder.name not in keep:
+                shutil.rmtree(folder, ignore_errors=True)
 
 
 def _select(run: RLRun, paths: RLPaths, best: _Best, step: int, val_log: StepLog) -> None:
@@ -225,9 +262,9 @@ def _select(run: RLRun, paths: RLPaths, best: _Best, step: int, val_log: StepLog
         better = True  # no validation data: the latest model is the output
     if better:
         best.step, best.val_reward = step, value
-        _save_model(run, Path(paths.work_dir) / "best")
-    if run.env.is_main:
-        best.save(paths.work_dir)
+        _save_model(run, _Best.folder(paths.work_dir, step))
+        if run.env.is_main:
+            best.prune(paths.work_dir)
     barrier(run.env)
 
 
@@ -239,7 +276,9 @@ def _save_model(run: RLRun, folder: Path) -> None:
     barrier(run.env)
 
 
-def _finish(run: RLRun, paths: RLPaths, best: _Best, steps_log: StepLog, options: RunOptions) -> dict:
+def _finish(run: RLRun, paths: RLPaths, best: _Best, steps_log: StepLog, progress: RunProgress,
+            options: RunOptions) -> dict:
+    """The summary of the whole run (every step's row, the parts' times summed)."""
     rewards = steps_log.losses("mean_reward")
     kept = steps_log.losses("groups_kept")
     summary = {
@@ -252,6 +291,8 @@ def _finish(run: RLRun, paths: RLPaths, best: _Best, steps_log: StepLog, options
         "mean_reward_last": rewards[-1] if rewards else None,
         "groups_kept_total": int(sum(kept)),
         "steps_without_update": sum(1 for k in kept if k == 0),
+        "train_time_s": round(progress.train_time_s, 3),  # steps and validations, every part
+        **progress.resume_note(),
     }
     if summary["groups_kept_total"] == 0:
         summary["note"] = ("no group had rewards that differed, so the policy was never updated; "
@@ -260,22 +301,12 @@ def _finish(run: RLRun, paths: RLPaths, best: _Best, steps_log: StepLog, options
         out = Path(paths.out_dir)
         if out.exists():
             shutil.rmtree(out)
-        shutil.copytree(Path(paths.work_dir) / "best", out)
-        publish_logs(paths.work_dir, paths.metrics_dir)
+        shutil.copytree(_Best.folder(paths.work_dir, best.step), out)
+        publish_logs(paths.work_dir, paths.metrics_dir, LOG_NAMES)
         write_summary(paths.metrics_dir / "summary.json", summary)
         if not options.keep_checkpoints:
             shutil.rmtree(paths.work_dir, ignore_errors=True)
     return summary
-
-
-def publish_logs(work_dir: Path, metrics_dir: Path) -> None:
-    """Copy the step logs from the work folder into the metrics folder (the declared outputs);
-    each lands whole under its name, so a kill mid-copy leaves no half file there."""
-    Path(metrics_dir).mkdir(parents=True, exist_ok=True)
-    for name in LOG_NAMES:
-        tmp = Path(metrics_dir) / (name + ".tmp")
-        shutil.copyfile(Path(work_dir) / name, tmp)
-        tmp.replace(Path(metrics_dir) / name)
 
 
 def run_fingerprint(settings: dict, tasks: EncodedTasks, val: EncodedTasks, loaded: LoadedModel,

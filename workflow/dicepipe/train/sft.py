@@ -1,12 +1,13 @@
 """The SFT loop: block-diffusion objective, AdamW, gradient accumulation, checkpoints,
 per-step metrics. Readable top to bottom: `run_sft` sets up, `train_step` is one optimizer
-step over this rank's micro-batches."""
+step over this rank's micro-batches. A killed run resumes from its last checkpoint with the
+rows and totals of the steps before it (train/metrics.py), so its steps.tsv and summary
+are those of the whole run, the resumes noted."""
 
 from __future__ import annotations
 
 import contextlib
 import logging
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -17,18 +18,19 @@ from ..model.loading import LoadedModel, save_model
 from ..model.objective import BlockDiffusionLM
 from . import checkpoint
 from .data import SFTData, StepPlan, micro_batch, stable_seed
-from .metrics import StepLog, write_summary
+from .metrics import RunProgress, StepLog, publish_logs, write_summary
 from .optim import lr_factor, make_adamw, set_lr, warmup_steps
 from .parallel import DistEnv, all_reduce_mean, all_reduce_sum, barrier, parallelize
 
 log = logging.getLogger(__name__)
+STEPS_LOG = "steps.tsv"  # written in the work folder, copied to the metrics folder at the end
 
 
 @dataclass(frozen=True)
 class SFTPaths:
     out_dir: Path  # final HF folder
-    metrics_dir: Path  # steps.tsv, summary.json
-    work_dir: Path  # resumable checkpoints (removed after success unless kept)
+    metrics_dir: Path  # steps.tsv (copied from work_dir at the end), summary.json
+    work_dir: Path  # resumable checkpoints and the step log (removed after success unless kept)
 
 
 @dataclass(frozen=True)
@@ -101,10 +103,11 @@ def run_sft(loaded: LoadedModel, data: SFTData, settings: dict, paths: SFTPaths,
     warmup = warmup_steps(plan.total_steps, settings["warmup_ratio"])
     checkpoint.claim_work_dir(paths.work_dir, run_fingerprint(settings, data, loaded, env), env)
     start = checkpoint.restore_checkpoint(paths.work_dir, model, optimizer)
-    steps_log = StepLog(paths.metrics_dir / "steps.tsv", start, enabled=env.is_main)
+    progress = RunProgress(checkpoint.saved_progress(paths.work_dir) if start else {}, start)
+    # next to the checkpoints: both runners delete the metrics folder of a failed job
+    steps_log = StepLog(Path(paths.work_dir) / STEPS_LOG, start, enabled=env.is_main)
     use_flex = use_flex_attention(settings, env)
     fixed_shape = env.device.type == "cuda"
-    timer = _Timer()
     bar = tqdm(range(start, plan.total_steps), desc="sft", disable=not env.is_main, initial=start,
                total=plan.total_steps)
     for step in bar:
@@ -114,24 +117,27 @@ def run_sft(loaded: LoadedModel, data: SFTData, settings: dict, paths: SFTPaths,
                                stable_seed(settings["seed"], step // plan.steps_per_epoch, position),
                                settings["cutoff_len"], fixed_shape)
                    for position, rows in plan.micro_batches(step, env.rank)]
-        with timer:
+        with progress:
             stats = train_step(model, optimizer, batches, env=env, use_flex=use_flex, bf16=bf16,
                                max_grad_norm=settings["max_grad_norm"])
-        timer.tokens += stats["tokens"]
+        progress.tokens += stats["tokens"]
         row = {"step": step + 1, "epoch": step // plan.steps_per_epoch + 1, "learning_rate": lr,
-               "tokens_per_s": stats["tokens"] / max(timer.last, 1e-9), **stats}
+               "tokens_per_s": stats["tokens"] / max(progress.last_s, 1e-9), **stats}
         if (step + 1) % settings["log_every_steps"] == 0 or step + 1 == plan.total_steps:
             steps_log.write(row)
         bar.set_postfix(loss=f"{stats['loss']:.4f}")
         done = step + 1
         if options.stop_after_steps is not None and done >= options.stop_after_steps:
-            checkpoint.save_checkpoint(paths.work_dir, done, model, optimizer, env)
+            checkpoint.save_checkpoint(paths.work_dir, done, model, optimizer, env,
+                                       progress=progress.state())
             return None
         if done % settings["save_every_steps"] == 0 and done < plan.total_steps:
-            checkpoint.save_checkpoint(paths.work_dir, done, model, optimizer, env)
+            checkpoint.save_checkpoint(paths.work_dir, done, model, optimizer, env,
+                                       progress=progress.state())
     _save_final(model, loaded, settings, paths, env, bf16)
-    summary = _summary(steps_log, plan, data, timer, model)
+    summary = _summary(steps_log, plan, data, progress, model)
     if env.is_main:
+        publish_logs(paths.work_dir, paths.metrics_dir, (STEPS_LOG,))
         write_summary(paths.metrics_dir / "summary.json", summary)
         if not options.keep_checkpoints:
             import shutil
@@ -166,7 +172,9 @@ def _save_final(model, loaded, settings, paths, env, bf16) -> None:
     barrier(env)
 
 
-def _summary(steps_log: StepLog, plan: StepPlan, data: SFTData, timer: _Timer, model) -> dict:
+def _summary(steps_log: StepLog, plan: StepPlan, data: SFTData, progress: RunProgress, model) -> dict:
+    """Totals of the whole run: the log holds every step's row (the parts before a resume
+    re-emitted), the time and tokens are summed over the parts."""
     losses = steps_log.losses()
     return {
         "steps": plan.total_steps,
@@ -178,20 +186,7 @@ def _summary(steps_log: StepLog, plan: StepPlan, data: SFTData, timer: _Timer, m
         "loss_first": losses[0] if losses else None,
         "loss_final": losses[-1] if losses else None,
         "parameters": sum(p.numel() for p in model.parameters()),
-        "train_time_s": round(timer.total, 3),
-        "tokens_per_s": round(timer.tokens / max(timer.total, 1e-9), 1),  # this process's steps
+        "train_time_s": round(progress.train_time_s, 3),  # optimizer steps, every part of the run
+        "tokens_per_s": round(progress.tokens / max(progress.train_time_s, 1e-9), 1),
+        **progress.resume_note(),
     }
-
-
-class _Timer:
-    def __init__(self):
-        self.total = 0.0
-        self.last = 0.0
-        self.tokens = 0
-
-    def __enter__(self):
-        self._t0 = time.perf_counter()
-
-    def __exit__(self, *exc):
-        self.last = time.perf_counter() - self._t0
-        self.total += self.last
