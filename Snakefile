@@ -5,6 +5,12 @@ from snakemake.utils import min_version
 min_version("9.0")
 
 
+# Read by the package first: a YAML syntax error names its line and column, as under dicepipe.
+import dicepipe.config
+
+dicepipe.config.read_params_yaml("params.yaml")
+
+
 configfile: "params.yaml"
 
 
@@ -16,8 +22,10 @@ wildcard_constraints:
     corpus="|".join(re.escape(c) for c in CORPORA),
     shard="|".join(re.escape(s) for s in SHARDS),
     benchmark="|".join(re.escape(b) for b in BENCHMARKS),
+    external="|".join(re.escape(a) for a in ACQUIRED),
 
 
+include: "workflow/rules/acquire.smk"
 include: "workflow/rules/ingest.smk"
 include: "workflow/rules/verify.smk"
 include: "workflow/rules/augment.smk"
@@ -32,3 +40,23 @@ rule all:
     default_target: True
     input:
         expand("results/kernelbench_{scale}.csv", scale=config["default_scales"]),
+
+
+# Last, once every stage's rule exists: see common.smk's unknown_value_targets.
+for _rule, _index, _output, _wildcard in unknown_value_targets(workflow.rules):
+
+    rule:
+        name:
+            f"unknown_{_wildcard}_{_rule}_{_index}"
+        input:
+            refuse_unknown_value(_wildcard, _rule, _output),
+        output:
+            _output,
+        log:
+            f"logs/unknown_values/{_output}.log",
+        wildcard_constraints:
+            **{_wildcard: unknown_value_pattern(_wildcard, _output)},
+        conda:
+            "envs/dicepipe.yaml"
+        shell:
+            "false"

@@ -10,7 +10,8 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-WORKFLOW_FILES = ["Snakefile", "dvc.yaml", "params.yaml", ".dvcignore", "workflow", "profiles", "envs"]
+WORKFLOW_FILES = ["Snakefile", "dvc.yaml", "params.yaml", ".dvcignore", "workflow", "profiles", "envs",
+                  "data/kernelbench"]
 # DVC's first stage validates params.yaml before any stage deletes its outputs (the Snakefile
 # validates while parsing, so Snakemake needs no such job); the root stages depend on it.
 DVC_ONLY_STAGES = {"check_params"}
@@ -37,9 +38,11 @@ def copy_workflow(repo_root: Path, dest: Path) -> Path:
     import yaml
 
     params = yaml.safe_load((dest / "params.yaml").read_text())
+    acquired = set(params.get("acquire", {}))
     for corpus in params["corpora"].values():
         source = corpus["source"]
-        if source["kind"] == "hub":
+        # a hub id, or a file the acquire stage fetches: nothing is placed by hand
+        if source["kind"] == "hub" or acquired_folder(source["path"], acquired) != source["path"]:
             continue
         path = dest / source["path"]
         if source["kind"] == "pairs_dir":
@@ -49,12 +52,23 @@ def copy_workflow(repo_root: Path, dest: Path) -> Path:
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text("[]")
     for bench in params.get("benchmarks", {}).values():
+        if (dest / bench["path"]).exists() or acquired_folder(bench["path"], acquired) != bench["path"]:
+            continue
         if bench["kind"] == "kernelbench_dir":
             (dest / bench["path"] / "level1").mkdir(parents=True, exist_ok=True)
         elif bench["kind"] == "parquet":
             (dest / bench["path"]).parent.mkdir(parents=True, exist_ok=True)
             (dest / bench["path"]).write_text("")
     return dest
+
+
+def acquired_folder(path: str, acquired) -> str:
+    """The acquire output (data/external/<name>) a path lies in, else the path: Snakemake's
+    input for a file inside an acquired folder is the folder (common.smk acquired_input)."""
+    parts = Path(path).parts
+    if len(parts) >= 3 and parts[:2] == ("data", "external") and parts[2] in acquired:
+        return str(Path(*parts[:3]))
+    return path
 
 
 @contextlib.contextmanager
@@ -74,6 +88,8 @@ def _stage_key(wildcards: dict) -> str:
         return f"{wildcards['corpus']}-{wildcards['shard']}"
     if "benchmark" in wildcards:
         return wildcards["benchmark"]
+    if "external" in wildcards:
+        return wildcards["external"]
     return wildcards["corpus"]
 
 

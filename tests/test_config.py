@@ -21,7 +21,9 @@ def raw(repo_root):
 
 def test_shipped_params_are_valid(params):
     assert resolve_scale(params, "tiny").backend == "cpu"
-    assert resolve_scale(params, "8b").model_spec["path"] == "JetLM/SDAR-8B-Chat"
+    # the real scales read the folder acquire@sdar-8b fills from the hub
+    assert resolve_scale(params, "8b").model_spec["path"] == "data/external/sdar-8b"
+    assert params["acquire"]["sdar-8b"]["repo_id"] == "JetLM/SDAR-8B-Chat"
     assert sft_settings(params, "tiny")["epochs"] == params["sft"]["overrides"]["tiny"]["epochs"]
     assert sft_settings(params, "8b")["learning_rate"] == 1e-5
 

@@ -13,6 +13,7 @@ import yaml
 from dag_tools import (
     DVC_ONLY_DEPS,
     DVC_ONLY_STAGES,
+    acquired_folder,
     closure_problems,
     copy_workflow,
     deps_match,
@@ -60,7 +61,8 @@ def test_snakemake_and_dvc_agree_for_scale(workspace, dvc_stages, scale):
         if set(record.params) != other.params:
             problems.append(f"{name}: params differ: snakemake {sorted(record.params)} "
                             f"dvc {sorted(other.params)}")
-        problems += [f"{name}: {p}" for p in deps_match(record.deps, other.deps - DVC_ONLY_DEPS)]
+        dvc_deps = {acquired_folder(d, params.get("acquire", {})) for d in other.deps - DVC_ONLY_DEPS}
+        problems += [f"{name}: {p}" for p in deps_match(record.deps, frozenset(dvc_deps))]
     # every DVC stage that feeds this scale's target must be a Snakemake job too
     needed = {n for n in dvc_stages if n.endswith(f"@{scale}")}
     needed.add("benchmark@" + params["scales"][scale]["benchmark"])

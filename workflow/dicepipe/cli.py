@@ -20,6 +20,7 @@ from .errors import DicepipeError
 # subcommand -> (module under dicepipe.stages, one-line help)
 STAGES: dict[str, tuple[str, str]] = {
     "check-params": ("check_params", "validate params.yaml and print the resolved scales"),
+    "acquire": ("acquire", "fetch an external input (dataset, repository, base model) by source and pin"),
     "ingest": ("ingest", "read a corpus source into a normalised samples table"),
     "verify": ("verify", "measure one shard of a corpus's samples with the harness"),
     "verify-gather": ("verify_gather", "join verify shards into one measurements table"),

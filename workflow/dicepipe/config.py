@@ -159,6 +159,7 @@ def _cross_check(params: dict, source: str) -> None:
                 f"{source}: key 'scales.{scale}.backend' is {spec['backend']!r} but its corpus "
                 f"{spec['corpus']!r} is for backend {corpus_backend!r}. Expected them to agree."
             )
+    _check_scale_bases(params, source)
     for scale in params.get("default_scales", []):
         if scale not in params["scales"]:
             raise ConfigError(
@@ -274,14 +275,40 @@ def load_params(path: str | Path = DEFAULT_PARAMS) -> dict:
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"{path}: no such file. Run from the repository root or pass --params.")
+    return validate_params(read_params_yaml(path), str(path))
+
+
+def read_params_yaml(path: str | Path = DEFAULT_PARAMS) -> dict:
+    """params.yaml as a mapping, unvalidated (the Snakefile validates it itself); a syntax
+    error is a ConfigError with its line and column."""
+    path = Path(path)
     try:
-        with open(path) as fh:
+        with open(path, encoding="utf-8") as fh:
             params = yaml.safe_load(fh)
     except yaml.YAMLError as exc:
-        raise ConfigError(f"{path}: not valid YAML: {exc}") from exc
+        raise ConfigError(yaml_error_message(path, exc)) from exc
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{path}: not UTF-8 text (byte offset {exc.start}). Save it as "
+                          "UTF-8.") from exc
     if not isinstance(params, dict):
         raise ConfigError(f"{path}: expected a mapping at the top level, got {type(params).__name__}.")
-    return validate_params(params, str(path))
+    return params
+
+
+def yaml_error_message(path: str | Path, exc: yaml.YAMLError) -> str:
+    """Where the parser stopped (1-based line and column), what it found, and the fix."""
+    mark = getattr(exc, "problem_mark", None)
+    where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+    problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+    context = getattr(exc, "context", None)
+    context_mark = getattr(exc, "context_mark", None)
+    if context and context_mark is not None and context_mark.line != getattr(mark, "line", None):
+        problem += f" ({context} at line {context_mark.line + 1})"
+    elif context:
+        problem += f" ({context})"
+    return (f"{path}: not valid YAML{where}: {problem}. Fix the syntax there (indentation by "
+            f"spaces, a space after each ':', quotes closed); `git diff {path}` shows what "
+            f"changed, and `dicepipe check-params --params {path}` checks it again.")
 
 
 @dataclass(frozen=True)
@@ -404,3 +431,18 @@ def _resolve(node: dict, root: dict) -> dict:
             target = target[part]
         node = target
     return node
+
+
+def _check_scale_bases(params: dict, source: str) -> None:
+    """`scales.<s>.base` is the path both runners track as the scale's base model (DVC cannot
+    look up models.<model>.path from a scale): it must be the folder the model is read from."""
+    for scale, spec in params["scales"].items():
+        model = params["models"][spec["model"]]
+        base = spec.get("base")
+        if base is None or model["kind"] == "tiny":
+            continue
+        if model.get("path") != base:
+            raise ConfigError(
+                f"{source}: key 'scales.{scale}.base' is {base!r} but its model "
+                f"'models.{spec['model']}.path' is {model.get('path')!r}. Expected them to be the "
+                f"same folder (data/external/<name>, written by acquire@<name>).")

@@ -21,5 +21,9 @@ class ModelError(DicepipeError):
     """A model or tokenizer cannot be loaded (missing checkpoint, bad spec)."""
 
 
+class AcquireError(DicepipeError):
+    """An external input cannot be fetched, or what is there does not match its pin."""
+
+
 class StageInputError(DicepipeError):
     """A stage's input file is missing or does not match its schema."""

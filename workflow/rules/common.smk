@@ -8,12 +8,12 @@ import yaml
 import dicepipe.config as dicepipe_config
 from dicepipe.cluster import job_resources
 from dicepipe.deps import harness_param_keys, stage_code
+from snakemake.io import strip_wildcard_constraints
 from snakemake.utils import validate
 
 # Both runners must read the same values: the CLI reads params.yaml itself, so a value set
 # with --config/--configfile would reach Snakemake's bookkeeping but not the stage.
-with open("params.yaml") as _fh:
-    _on_disk = yaml.safe_load(_fh)
+_on_disk = dicepipe_config.read_params_yaml("params.yaml")
 for _key, _value in _on_disk.items():
     if config.get(_key) != _value:
         raise ValueError(
@@ -91,9 +91,29 @@ def scale_corpus(wildcards):
     return config["scales"][wildcards.scale]["corpus"]
 
 
+# External inputs fetched by the acquire rule into data/external/<name>/.
+ACQUIRED = list(config.get("acquire", {}))
+
+
+def acquired_input(path):
+    """A path inside an acquired folder stands for that folder (the acquire rule's output:
+    Snakemake matches an input to a rule's output, not to a file inside it); DVC may name the
+    file itself (tests/dag_tools.py acquired_folder maps it the same way)."""
+    parts = Path(path).parts
+    if len(parts) >= 3 and parts[:2] == ("data", "external") and parts[2] in ACQUIRED:
+        return str(Path(*parts[:3]))
+    return path
+
+
 def source_inputs(wildcards):
     source = config["corpora"][wildcards.corpus]["source"]
-    return [] if source["kind"] == "hub" else [source["path"]]
+    return [] if source["kind"] == "hub" else [acquired_input(source["path"])]
+
+
+def base_model_input(wildcards):
+    """What the scale's base model is made from (scales.<s>.base; DVC tracks the same)."""
+    base = config["scales"][wildcards.scale].get("base")
+    return [acquired_input(base)] if base else []
 
 
 BENCHMARKS = list(config["benchmarks"])
@@ -102,7 +122,7 @@ BENCHMARKS = list(config["benchmarks"])
 def benchmark_inputs(wildcards):
     """The local source of a benchmark (a hub dataset id has none: the stage downloads it)."""
     spec = config["benchmarks"][wildcards.benchmark]
-    return [] if spec["kind"] == "hub" else [spec["path"]]
+    return [] if spec["kind"] == "hub" else [acquired_input(spec["path"])]
 
 
 def scale_benchmark_table(wildcards):
@@ -116,3 +136,60 @@ EVAL_MODEL_STAGE = "rl_e2e"
 
 def eval_model_dir(wildcards):
     return f"models/{EVAL_MODEL_STAGE}/{wildcards.scale}"
+
+
+# A target with a {scale}, {corpus}, {shard} or {benchmark} params.yaml does not name
+# (results/kernelbench_nope.csv) matches no stage (the Snakefile's wildcard_constraints), so
+# Snakemake would say only "No rule to produce". The Snakefile ends with one rule per such
+# output whose input function raises with the valid values instead.
+WILDCARD_VALUES = {
+    "scale": SCALES,
+    "corpus": CORPORA,
+    "shard": SHARDS,
+    "benchmark": BENCHMARKS,
+}
+WILDCARD_KEYS = {
+    "scale": "scales",
+    "corpus": "corpora",
+    "shard": "verify.shards",
+    "benchmark": "benchmarks",
+}
+
+
+def unknown_value_targets(rules):
+    """(rule, output index, output pattern, wildcard) for every stage output that names one."""
+    found = []
+    for stage in list(rules):
+        for index, output in enumerate(stage.output):
+            pattern = strip_wildcard_constraints(str(output))
+            found += [
+                (stage.name, index, pattern, name)
+                for name in WILDCARD_VALUES
+                if f"{{{name}}}" in pattern
+            ]
+    return found
+
+
+def unknown_value_pattern(wildcard, pattern):
+    """A value that is no valid one: a plain name (no dot, so the folder output
+    results/kernelbench_{scale} never takes results/kernelbench_tiny.csv) that is neither a
+    valid value nor `<word>_<valid value>` before the same text (kernelbench_compare_tiny.csv
+    is evaluate's), so no file a stage writes ever matches."""
+    after = re.split(r"\{[^}]*\}", pattern.split(f"{{{wildcard}}}", 1)[1])
+    literal = re.escape(after[0]) + ("$" if len(after) == 1 else "")
+    valid = "|".join(re.escape(v) for v in WILDCARD_VALUES[wildcard])
+    return rf"(?!(?:[\w-]*_)?(?:{valid}){literal})[\w-]+"
+
+
+def refuse_unknown_value(wildcard, rule_name, pattern):
+    def _refuse(wildcards):
+        target = pattern.format(**dict(wildcards.items()))
+        raise ValueError(
+            f"{target}: {wildcard} {wildcards[wildcard]!r} is not in params.yaml "
+            f"(`{WILDCARD_KEYS[wildcard]}`), so no rule writes it (it would be rule "
+            f"{rule_name}'s output). Expected one of {WILDCARD_VALUES[wildcard]}: e.g. "
+            f"`snakemake --cores 2 {pattern.format(**dict(wildcards.items(), **{wildcard: WILDCARD_VALUES[wildcard][0]}))}`, "
+            f"or add it under `{WILDCARD_KEYS[wildcard]}` in params.yaml."
+        )
+
+    return _refuse

@@ -1,6 +1,7 @@
 rule sft:
     input:
         data=lambda wc: f"data/cuke/{scale_corpus(wc)}/sft.parquet",
+        base=base_model_input,
         code=code("stages/sft.py"),
     output:
         model=directory("models/sft/{scale}"),

@@ -105,7 +105,92 @@ def read_table(path: str | Path, schema: pa.Schema) -> pa.Table:
     path = Path(path)
     if not path.is_file():
         raise StageInputError(f"{path}: no such file. Run the stage that produces it first.")
-    return check_table(pq.read_table(path), schema, path)
+    return check_table(read_parquet(path), schema, path)
+
+
+def read_parquet(path: str | Path) -> pa.Table:
+    """The table at `path`; a file pyarrow cannot read (cut short, not Parquet) is a
+    StageInputError naming the file, the stage that writes it and the command that does."""
+    try:
+        return pq.read_table(path)
+    except (pa.ArrowException, OSError) as exc:
+        if isinstance(exc, FileNotFoundError):
+            raise StageInputError(f"{path}: no such file.") from exc
+        reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise StageInputError(f"{path}: not a readable Parquet file ({reason}); it was cut "
+                              f"short or overwritten. {remake_command(path)}") from exc
+
+
+def remake_command(path: str | Path, dvc_file: str | Path = "dvc.yaml") -> str:
+    """How to write `path` again: its stage under both runners (found from dvc.yaml's outs,
+    read from the working directory, the repository root under both), else a generic hint.
+
+    Neither runner re-runs the producer by itself under `snakemake`: Snakemake goes by times
+    (the file is older than nothing), so the command forces it."""
+    stage = producing_stage(path, dvc_file)
+    if stage is None:
+        return ("Re-create it (no stage in dvc.yaml writes it: restore it from where it came "
+                "from).")
+    return (f"Stage {stage} writes it; run it again: `snakemake --cores 2 --forcerun {path}` "
+            f"(then `snakemake --cores 2` for the stages after it) or "
+            f"`dvc repro --force --single-item {stage} && dvc repro`.")
+
+
+def producing_stage(path: str | Path, dvc_file: str | Path = "dvc.yaml") -> str | None:
+    """The DVC stage (`name` or `name@key`) whose outs hold `path`: each out's ${...}
+    placeholders matched against the path (foreach keys by `${key}`, matrix keys in order)."""
+    import re
+
+    import yaml
+
+    try:
+        stages = yaml.safe_load(Path(dvc_file).read_text())["stages"]
+    except (OSError, yaml.YAMLError, KeyError, TypeError):
+        return None
+    wanted = Path(path).as_posix()
+    if Path(path).is_absolute():
+        try:
+            wanted = Path(path).resolve().relative_to(Path.cwd().resolve()).as_posix()
+        except ValueError:
+            return None
+    for name, spec in stages.items():
+        body = spec.get("do", spec) if isinstance(spec, dict) else {}
+        for out in body.get("outs", []) or []:
+            out = next(iter(out)) if isinstance(out, dict) else str(out)
+            names = re.findall(r"\$\{([^}]+)\}", out)
+            pattern = "([^/]+)".join(re.escape(part) for part in re.split(r"\$\{[^}]+\}", out))
+            # an out that is a folder holds every file below it
+            match = re.fullmatch(pattern + r"(?:/.*)?", wanted)
+            if not match:
+                continue
+            values = dict(zip(names, match.groups()))
+            if "matrix" in spec:
+                keys = [values.get(f"item.{k}", "") for k in spec["matrix"]]
+                if all(_allowed(keys[i], ref) for i, ref in enumerate(spec["matrix"].values())):
+                    return f"{name}@{'-'.join(keys)}"
+            elif "foreach" in spec:
+                if _allowed(values.get("key", ""), spec["foreach"]):
+                    return f"{name}@{values.get('key', '')}"
+            else:
+                return name
+    return None
+
+
+def _allowed(value: str, ref, params_file: str | Path = "params.yaml") -> bool:
+    """Whether `value` is one of a foreach/matrix's keys (`${corpora}`: params.yaml's
+    corpora), so results/kernelbench_compare_tiny.csv is not evaluate@compare_tiny's."""
+    import re
+
+    import yaml
+
+    match = re.fullmatch(r"\$\{([^}]+)\}", str(ref))
+    try:
+        node = yaml.safe_load(Path(params_file).read_text()) if match else ref
+        for part in match.group(1).split(".") if match else []:
+            node = node[part]
+    except (OSError, yaml.YAMLError, KeyError, TypeError):
+        return True  # cannot tell: the file name decides
+    return value in [str(k) for k in node] if isinstance(node, (dict, list)) else True
 
 
 def write_table(table: pa.Table, path: str | Path, schema: pa.Schema | None = None) -> None:

@@ -9,6 +9,7 @@ first, so a model's outputs folder is itself a folder baseline.
 
 from __future__ import annotations
 
+import logging
 import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -17,6 +18,7 @@ from ..data import extract
 from ..errors import SourceError
 from .scoring import Candidate
 
+log = logging.getLogger(__name__)
 _KB_FILE = re.compile(r"^level_(\d+)_problem_(\d+)_sample_(\d+)_kernel\.py$")
 
 
@@ -53,9 +55,23 @@ def _relative(path: Path, base: Path, folder: Path) -> str:
         return str(Path(folder.resolve().name) / path.resolve().relative_to(folder.resolve()))
 
 
+def read_program(path: Path) -> tuple[str | None, str]:
+    """A program file's text, or None and why not: one unreadable file is one failed row
+    with its reason, never the end of a run."""
+    try:
+        return path.read_text(encoding="utf-8"), ""
+    except UnicodeDecodeError as exc:
+        return None, (f"{path}: not UTF-8 text (byte 0x{exc.object[exc.start]:02x} at offset "
+                      f"{exc.start}). Save it as UTF-8 (e.g. `iconv -f latin1 -t utf-8`) and "
+                      "run again; the other files were scored.")
+    except OSError as exc:
+        return None, f"{path}: cannot be read ({exc.strerror}); the other files were scored."
+
+
 def read_folder(folder: Path, tasks: Sequence[Mapping], relative_to: Path) -> list[Candidate]:
     """Candidates for every task from a folder of kernel files; a task (or sample) with no
-    file is a candidate without code (`missing_file`), as KernelBench's analysis counts it."""
+    file is a candidate without code (`missing_file`), as KernelBench's analysis counts it,
+    and a file that cannot be read one without code whose note says why (`unreadable_file`)."""
     if not folder.is_dir():
         raise SourceError(f"{folder}: no such folder of kernel files. Expected "
                           "level_<L>_problem_<P>_sample_<S>_kernel.py files or level<L>/<name>.py.")
@@ -82,10 +98,16 @@ def read_folder(folder: Path, tasks: Sequence[Mapping], relative_to: Path) -> li
     for task in tasks:
         for sample in range(samples):
             path = found.get((task["task_id"], sample))
-            code = path.read_text() if path is not None else None
-            out.append(Candidate(task["task_id"], sample, code,
-                                 _relative(path, relative_to, folder) if path is not None else "",
-                                 "" if path is not None else "missing_file"))
+            if path is None:
+                out.append(Candidate(task["task_id"], sample, None, "", "missing_file"))
+                continue
+            kernel_path = _relative(path, relative_to, folder)
+            code, why = read_program(path)
+            if code is None:
+                log.warning("%s", why)
+            out.append(Candidate(task["task_id"], sample, code, kernel_path,
+                                 "" if code is not None else
+                                 f"unreadable_file: {why.replace(str(path), kernel_path)}"))
     return out
 
 

@@ -28,7 +28,7 @@ class Candidate:
     sample: int
     code: str | None  # None: the model wrote no code block / the folder has no file
     kernel_path: str  # where the file is (or would be) in the outputs, relative
-    note: str = ""  # why there is no code (no_code_block, missing_file)
+    note: str = ""  # why there is no code (no_code_block, missing_file, unreadable_file: why)
 
 
 def job_id(task_id: str, sample: int | str) -> str:

@@ -3,19 +3,30 @@
 Rows are appended to a JSON-lines journal beside `results_path` the moment a job finishes
 (one `write` + `fsync` each), so a killed run loses at most the row being written; the
 Parquet file itself is rewritten atomically from time to time and at the end.
+
+One writer per results file: a writable store holds an exclusive `flock` on `<results>.lock`
+beside it from opening to `close()` (the kernel drops it when the process dies, so a killed
+run leaves no stale lock). A second writer waits up to `wait_s` for it, then refuses with the
+holder's pid; it reads the file only once it holds the lock, so it resumes from every row the
+first one wrote. Readers (`ResultStore.read`) take no lock.
 """
 
 from __future__ import annotations
 
+import errno
+import fcntl
 import json
 import logging
 import math
 import os
+import time
 from collections.abc import Iterable
 from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+
+from ..errors import HarnessError
 
 log = logging.getLogger(__name__)
 
@@ -150,13 +161,26 @@ def rows_to_table(rows: Iterable[dict]) -> pa.Table:
 class ResultStore:
     """Rows already finished (for resume) plus an append-only journal of new ones."""
 
-    def __init__(self, results_path: str | os.PathLike | None, writable: bool = True):
+    def __init__(self, results_path: str | os.PathLike | None, writable: bool = True,
+                 wait_s: float = 0.0):
         self.path = Path(results_path) if results_path is not None else None
         self.rows: dict[str, dict] = {}
         self._journal = None
+        self._lock: WriterLock | None = None
         if self.path is None:
             return
         self.journal_path = self.path.with_name(self.path.name + ".journal.jsonl")
+        if writable:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            # before reading: the rows of a writer that held it are all on disk by now
+            self._lock = WriterLock(self.path, wait_s)
+        try:
+            self._load(writable)
+        except BaseException:
+            self.close()
+            raise
+
+    def _load(self, writable: bool) -> None:
         if self.path.is_file():
             try:
                 for row in pq.read_table(self.path).to_pylist():
@@ -166,7 +190,6 @@ class ResultStore:
         if self.journal_path.is_file():
             self._read_journal()
         if writable:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
             self._journal = open(self.journal_path, "a", encoding="utf-8")
 
     def _read_journal(self) -> None:
@@ -212,3 +235,72 @@ class ResultStore:
         if self._journal is not None:
             self._journal.close()
             self._journal = None
+        if self._lock is not None:
+            self._lock.release()
+            self._lock = None
+
+
+class WriterLock:
+    """An exclusive `flock` on `<results>.lock`, holding the writer's pid (for the message a
+    second writer gets). Released by `release()` or by the process's death."""
+
+    POLL_S = 0.2
+
+    def __init__(self, results_path: Path, wait_s: float = 0.0):
+        self.path = results_path.with_name(results_path.name + ".lock")
+        deadline = time.monotonic() + max(0.0, wait_s)
+        told = False
+        while True:
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError as exc:
+                os.close(fd)
+                if exc.errno not in (errno.EAGAIN, errno.EACCES, errno.EWOULDBLOCK):
+                    raise
+                holder = self._holder()
+                if time.monotonic() >= deadline:
+                    raise HarnessError(self._busy_message(results_path, holder, wait_s)) from None
+                if not told:
+                    log.warning("%s is being written by %s; waiting up to %.0f s for it to finish",
+                                results_path, holder, wait_s)
+                    told = True
+                time.sleep(self.POLL_S)
+                continue
+            # the holder may have removed the file between our open and flock: lock the file
+            # that is at the path now, or two writers would hold locks on different files
+            try:
+                same = os.fstat(fd).st_ino == os.stat(self.path).st_ino
+            except FileNotFoundError:
+                same = False
+            if not same:
+                os.close(fd)
+                continue
+            break
+        os.ftruncate(fd, 0)
+        os.write(fd, f"{os.getpid()}\n".encode())
+        self._fd: int | None = fd
+
+    def _holder(self) -> str:
+        try:
+            pid = self.path.read_text().strip()
+        except OSError:
+            pid = ""
+        return f"pid {pid}" if pid.isdigit() else "another process"
+
+    def _busy_message(self, results_path: Path, holder: str, wait_s: float) -> str:
+        waited = f" (waited {wait_s:g} s)" if wait_s > 0 else ""
+        return (f"{results_path}: another writer ({holder}) is writing this results file{waited}; "
+                f"one writer per file, so nothing was measured. Wait for it to finish and run "
+                f"this command again (it resumes from the rows already there); `dicepipe score` "
+                f"can also wait for it (--wait-s SECONDS) or write another file (--out). "
+                f"Its lock: {self.path}.")
+
+    def release(self) -> None:
+        if self._fd is None:
+            return
+        # unlinked while still held: a waiter that opened this file sees the inode change
+        self.path.unlink(missing_ok=True)
+        fcntl.flock(self._fd, fcntl.LOCK_UN)
+        os.close(self._fd)
+        self._fd = None

@@ -29,7 +29,7 @@ import pyarrow as pa
 from ..errors import HarnessError
 from .buildspec import toolchain_fingerprint
 from .orchestrator import Batch
-from .results import RESULT_SCHEMA, ResultStore, rows_to_table
+from .results import RESULT_SCHEMA, ResultStore, finish_row, rows_to_table
 from .settings import HarnessSettings, Job
 
 # What a row means beyond the settings: raised when the measurement method changes (2: input
@@ -58,10 +58,13 @@ class CallSummary:
     copied: int = 0  # identical to a job measured earlier in this session (this call or before)
     from_store: int = 0  # taken from results_path (same job id and content)
     stale_in_store: int = 0  # stored under the job id but for other content: measured again
+    unrun: int = 0  # rows decided before any run (an unreadable input file)
 
     def line(self) -> str:
         text = (f"{self.jobs} jobs: {self.measured} measured, {self.copied} copied from "
                 f"identical jobs, {self.from_store} reused from the results file")
+        if self.unrun:
+            text += f", {self.unrun} not run (their files could not be read)"
         if self.stale_in_store:
             text += (f" ({self.stale_in_store} stored rows were for another program or "
                      f"settings and were measured again)")
@@ -124,28 +127,38 @@ class HarnessSession:
         return hashlib.sha256(blob.encode()).hexdigest()
 
     def evaluate(self, jobs: Iterable[Job], results_path: str | os.PathLike | None = None,
-                 progress: bool = True, measure_speed: bool = True) -> pa.Table:
-        """One RESULT_SCHEMA row per job, in the order of `jobs`.
+                 progress: bool = True, measure_speed: bool = True,
+                 wait_s: float = 0.0, unrun: Iterable[dict] = ()) -> pa.Table:
+        """One RESULT_SCHEMA row per job, in the order of `jobs`, then the `unrun` rows.
 
         measure_speed=False: correctness only (never timed: speed columns empty/null).
+        wait_s: how long to wait for another writer of `results_path` (results.py's lock)
+        before refusing with a HarnessError that names it.
+        unrun: rows decided before any run (an input file that could not be read, made with
+        results.empty_row): stored beside the others, never reused (no content key).
         """
         jobs = list(jobs)
-        ids = [job.job_id for job in jobs]
+        unrun = [finish_row(dict(row, content_key=None)) for row in unrun]
+        ids = [job.job_id for job in jobs] + [row["job_id"] for row in unrun]
         if len(set(ids)) != len(ids):
             dupes = sorted({i for i in ids if ids.count(i) > 1})[:5]
             raise HarnessError(f"job ids must be unique within a call; repeated: {dupes}")
         keys = {job.job_id: self.content_key(job, measure_speed) for job in jobs}
-        summary = CallSummary(jobs=len(jobs))
-        store = ResultStore(results_path)
+        summary = CallSummary(jobs=len(ids), unrun=len(unrun))
+        store = ResultStore(results_path, wait_s=wait_s)
         try:
             rows, first, copies = self._plan(jobs, keys, store, summary)
+            for row in unrun:
+                rows[row["job_id"]] = row
+                store.add(row)
             if first:
                 self._measure(list(first.values()), keys, copies, rows, store, progress,
                               measure_speed, summary)
             store.flush()
             if store.path is not None:
-                store.close()
+                # while still the writer: the next one opens a journal of its own
                 store.journal_path.unlink(missing_ok=True)
+                store.close()
         finally:
             store.close()
         self.last_summary = summary

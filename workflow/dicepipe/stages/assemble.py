@@ -9,11 +9,10 @@ import logging
 from pathlib import Path
 
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from ..data import cuke
 from ..data.schema import (RL_E2E_SCHEMA, RL_INFILL_SCHEMA, SAMPLE_SCHEMA, SFT_SCHEMA, VAL_SCHEMA,
-                           read_table, write_table)
+                           read_parquet, read_table, write_table)
 from ..errors import StageInputError
 from ..harness.verdict import is_correct, named_protocol
 
@@ -35,7 +34,7 @@ def add_arguments(parser) -> None:
 def _read_measurements(path: str) -> dict[str, dict]:
     if not Path(path).is_file():
         raise StageInputError(f"{path}: no such file. Run `dicepipe verify` for this corpus first.")
-    table = pq.read_table(path)
+    table = read_parquet(path)
     missing = [c for c in MEASUREMENT_COLUMNS if c not in table.column_names]
     if missing:
         raise StageInputError(f"{path}: missing columns {missing}; re-run verify.")

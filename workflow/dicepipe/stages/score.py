@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import math
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import StageInputError
@@ -39,30 +40,67 @@ def add_arguments(parser) -> None:
                         help="speedups the repeat rule must settle (default 1.0)")
     parser.add_argument("--cache-dir", default=None,
                         help="build cache (default: harness.cache_dir of params.yaml)")
+    parser.add_argument("--wait-s", type=float, default=0.0,
+                        help="seconds to wait while another run writes --out (default 0: "
+                             "refuse at once, naming it)")
 
 
-def load_folder_jobs(references: Path, candidates: Path, backend: str) -> list:
+@dataclass
+class FolderJobs:
+    """What a folder pair gives: jobs to run, rows for files that could not be read, and the
+    files of one folder with no partner in the other (named in the summary)."""
+
+    jobs: list
+    unreadable: list[dict] = field(default_factory=list)
+    no_reference: list[str] = field(default_factory=list)  # candidate files
+    no_candidate: list[str] = field(default_factory=list)  # reference files
+
+
+def load_folder_jobs(references: Path, candidates: Path, backend: str) -> FolderJobs:
+    from ..evaluation.kernel_files import read_program
     from ..harness import Job
+    from ..harness.results import empty_row
 
     if not references.is_dir():
         raise StageInputError(f"--references {references}: no such folder.")
     if not candidates.is_dir():
         raise StageInputError(f"--candidates {candidates}: no such folder.")
-    jobs, missing = [], []
+    found = FolderJobs(jobs=[])
+    names = {cand.name for cand in candidates.glob("*.py")}
+    found.no_candidate = sorted(ref.name for ref in references.glob("*.py")
+                                if ref.name not in names)
     for cand in sorted(candidates.glob("*.py")):
         ref = references / cand.name
         if not ref.is_file():
-            missing.append(cand.name)
+            found.no_reference.append(cand.name)
             continue
-        jobs.append(Job(job_id=cand.stem, reference_code=ref.read_text(),
-                        candidate_code=cand.read_text(), backend=backend))
-    if missing:
+        reference_code, ref_error = read_program(ref)
+        candidate_code, cand_error = read_program(cand)
+        if ref_error or cand_error:
+            # a row with its reason, as the harness writes a failure of that phase
+            row = empty_row(cand.stem, backend)
+            row.update(error=ref_error or cand_error,
+                       error_phase="reference" if ref_error else "load")
+            found.unreadable.append(row)
+            log.warning("%s", row["error"])
+            continue
+        found.jobs.append(Job(job_id=cand.stem, reference_code=reference_code,
+                              candidate_code=candidate_code, backend=backend))
+    if found.no_reference:
         log.warning("%d candidates have no reference of the same name in %s (skipped): %s",
-                    len(missing), references, ", ".join(missing[:10]))
-    if not jobs:
+                    len(found.no_reference), references, _names(found.no_reference))
+    if found.no_candidate:
+        log.warning("%d references have no candidate of the same name in %s (skipped): %s",
+                    len(found.no_candidate), candidates, _names(found.no_candidate))
+    if not found.jobs and not found.unreadable:
         raise StageInputError(f"no candidate in {candidates} has a reference of the same file "
                               f"name in {references}.")
-    return jobs
+    return found
+
+
+def _names(files: list[str], shown: int = 10) -> str:
+    more = f" and {len(files) - shown} more" if len(files) > shown else ""
+    return ", ".join(files[:shown]) + more
 
 
 def _pick(columns: list[str], wanted: tuple[str, ...], path: Path, what: str) -> str | None:
@@ -76,13 +114,12 @@ def _pick(columns: list[str], wanted: tuple[str, ...], path: Path, what: str) ->
 
 
 def load_pairs_jobs(path: Path, backend: str) -> list:
-    import pyarrow.parquet as pq
-
+    from ..data.schema import read_parquet
     from ..harness import Job
 
     if not path.is_file():
         raise StageInputError(f"--pairs {path}: no such file.")
-    table = pq.read_table(path)
+    table = read_parquet(path)
     ref_col = _pick(table.column_names, REFERENCE_COLUMNS, path, "reference code")
     cand_col = _pick(table.column_names, CANDIDATE_COLUMNS, path, "candidate code")
     id_col = _pick(table.column_names, ID_COLUMNS, path, "")
@@ -128,19 +165,37 @@ def run(args, params: dict) -> int:
         raise StageInputError("--candidates needs --references (the folder of reference "
                               "programs with the same file names).")
     if args.candidates:
-        jobs = load_folder_jobs(Path(args.references), Path(args.candidates), args.backend)
+        found = load_folder_jobs(Path(args.references), Path(args.candidates), args.backend)
     else:
-        jobs = load_pairs_jobs(Path(args.pairs), args.backend)
+        found = FolderJobs(jobs=load_pairs_jobs(Path(args.pairs), args.backend))
     settings = HarnessSettings.from_params(params["harness"], repeats=args.repeats,
                                            decision_thresholds=args.thresholds,
                                            cache_dir=args.cache_dir)
-    log.info("scoring %d kernels on %s", len(jobs), args.backend)
+    log.info("scoring %d kernels on %s", len(found.jobs), args.backend)
     with HarnessSession(settings) as session:
-        table = session.evaluate(jobs, results_path=Path(args.out), progress=True)
+        table = session.evaluate(found.jobs, results_path=Path(args.out), progress=True,
+                                 wait_s=args.wait_s, unrun=found.unreadable)
         # how many rows --out already held for the same programs and settings
         print(session.last_summary.line())
     for line in summarize(table, args.thresholds, params["harness"]["robust"],
                           params["protocols"]):
         print(line)
+    for line in unpaired_lines(found):
+        print(line)
     print(f"results: {args.out}")
     return 0
+
+
+def unpaired_lines(found: FolderJobs) -> list[str]:
+    """The summary's account of what was not scored, by file name."""
+    lines = []
+    if found.unreadable:
+        lines.append(f"{len(found.unreadable)} files could not be read (rows with their "
+                     f"reason): {_names([row['job_id'] + '.py' for row in found.unreadable])}")
+    if found.no_reference:
+        lines.append(f"{len(found.no_reference)} candidates have no reference (not scored): "
+                     f"{_names(found.no_reference)}")
+    if found.no_candidate:
+        lines.append(f"{len(found.no_candidate)} references have no candidate (not scored): "
+                     f"{_names(found.no_candidate)}")
+    return lines

@@ -10,7 +10,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ..data.schema import write_table
+from ..data.schema import read_parquet, write_table
 from ..errors import StageInputError
 
 log = logging.getLogger(__name__)
@@ -24,14 +24,12 @@ def add_arguments(parser) -> None:
 
 
 def run(args, params: dict) -> int:
-    import pyarrow.parquet as pq
-
     tables = []
     for shard in params["verify"]["shards"]:
         path = Path(args.shards_dir) / f"{shard}.parquet"
         if not Path(path).is_file():
             raise StageInputError(f"{path}: missing shard; run `dicepipe verify` for it first.")
-        tables.append(pq.read_table(path))
+        tables.append(read_parquet(path))
     table = pa.concat_tables(tables, promote_options="default") if tables else pa.table({})
     ids = table.column("job_id").to_pylist()
     if len(ids) != len(set(ids)):
