@@ -34,12 +34,21 @@ include: "workflow/rules/sft.smk"
 include: "workflow/rules/rl.smk"
 include: "workflow/rules/benchmark.smk"
 include: "workflow/rules/evaluate.smk"
+include: "workflow/rules/curves.smk"
+include: "workflow/rules/provenance.smk"
+
+
+# `snakemake --report report.html`: the outputs marked report() in the rule files, with the
+# captions under workflow/report/.
+report: "workflow/report/workflow.rst"
 
 
 rule all:
     default_target: True
     input:
         expand("results/kernelbench_{scale}.csv", scale=config["default_scales"]),
+        expand("metrics/curves/{scale}/sft.png", scale=config["default_scales"]),
+        expand("results/provenance_{scale}.json", scale=config["default_scales"]),
 
 
 # Last, once every stage's rule exists: see common.smk's unknown_value_targets.

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 WORKFLOW_FILES = ["Snakefile", "dvc.yaml", "params.yaml", ".dvcignore", "workflow", "profiles", "envs",
-                  "data/kernelbench"]
+                  "data/kernelbench", "data/baselines"]
 # DVC's first stage validates params.yaml before any stage deletes its outputs (the Snakefile
 # validates while parsing, so Snakemake needs no such job); the root stages depend on it.
 DVC_ONLY_STAGES = {"check_params"}

@@ -229,3 +229,25 @@ def test_generation_resumes_from_its_journal(repo_root, tmp_path):
 
     gen.decoder.generate = no_decoding
     assert generate_texts(gen, prompts, settings, progress=False, journal=journal) == first
+
+
+def test_shipped_tiny_baselines_have_known_answers(repo_root, params):
+    """data/baselines/tiny: the reference copies are exactly what write_reference_copies
+    writes for the seed suite (they cannot drift from it), and the hand-written kernels
+    cover three tasks, the rest counted as missing files."""
+    tasks = load_benchmark({"kind": "kernelbench_dir", "path": str(repo_root / "data/seed/benchmark"),
+                            "levels": [1, 2, 3]}).to_pylist()
+    folders = {b["name"]: repo_root / b["folder"] for b in params["baselines"]["tiny"]}
+    assert set(folders) == {"reference_copies", "seed_kernels"}
+    for folder in folders.values():  # tracked: inside the scale's data/baselines folder
+        assert folder.is_relative_to(repo_root / "data/baselines/tiny") and folder.is_dir()
+    shipped = folders["reference_copies"]
+    expected = {kernel_file_name(t["level"], t["problem_id"], 0): reference_copy(t["reference_code"])
+                for t in tasks}
+    assert {p.name: p.read_text() for p in shipped.glob("*.py")} == expected
+    kernels = read_folder(folders["seed_kernels"], tasks, repo_root)
+    with_code = sorted(c.task_id for c in kernels if c.code is not None)
+    assert with_code == ["L1/1_Sigmoid", "L1/3_Max_reduction_over_a_dimension",
+                         "L2/4_Hardswish_Residual_Clamp"]
+    assert all(c.note == "missing_file" for c in kernels if c.code is None)
+    assert all("load_inline" in c.code and "class ModelNew" in c.code for c in kernels if c.code)

@@ -36,7 +36,9 @@ def dvc_stages(workspace):
 
 
 def _scale_targets(params: dict, scale: str) -> list[str]:
-    return [f"results/kernelbench_{scale}.csv"]
+    """What `rule all` asks of a scale: results, training curves, provenance."""
+    return [f"results/kernelbench_{scale}.csv", f"metrics/curves/{scale}/sft.png",
+            f"results/provenance_{scale}.json"]
 
 
 @pytest.mark.parametrize("scale", ["tiny", "1p7b", "4b", "8b"])

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import json
 import os
 import re
 import shutil
@@ -235,6 +236,31 @@ def test_snakemake_reruns_verify_and_what_follows_for_a_measurement_setting(snak
         assert snakemake_would_run(snake_workspace) == {
             "verify", "verify_gather", "augment", "assemble", "sft", "rl_infill", "rl_e2e",
             "evaluate"}
+
+
+# What `snakemake --report` shows (the report() outputs and their workflow/report/ captions).
+REPORT_CAPTIONS = ["KernelBench results of scale tiny", "The model beside its baselines",
+                   "Per-level Exec and fast_p", "Point speedups over PyTorch eager",
+                   "SFT of scale tiny", "BiC-RL of scale tiny", "What scale tiny"]
+REPORT_FILES = ["kernelbench_tiny.csv", "kernelbench_compare_tiny.csv", "levels.png",
+                "speedups.png", "compare.png", "sft.png", "rl_infill.png", "rl_e2e.png",
+                "provenance_tiny.json"]
+
+
+def test_snakemake_report_holds_tables_plots_curves_and_provenance(snake_workspace):
+    """On the shared tiny run: the rest of `rule all` (curves, provenance: seconds), then the
+    report, whose HTML embeds every report() output with its caption."""
+    ws = snake_workspace
+    sh([BIN / "snakemake", "--cores", "2"], ws)
+    provenance = json.loads((ws / "results/provenance_tiny.json").read_text())
+    assert provenance["packages"]["snakemake"] and provenance["acquired"]
+    sh([BIN / "snakemake", "--report", "report.html"], ws)
+    html = (ws / "report.html").read_text()
+    missing = [c for c in REPORT_CAPTIONS + REPORT_FILES if c not in html]
+    assert not missing, f"report.html lacks {missing}"
+    # the folder baselines with known answers are rows of the compare table
+    compare = (ws / "results/kernelbench_compare_tiny.csv").read_text()
+    assert "reference_copies" in compare and "seed_kernels" in compare
 
 
 def dvc_changed_stages(ws: Path) -> set[str]:

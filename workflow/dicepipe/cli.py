@@ -31,10 +31,43 @@ STAGES: dict[str, tuple[str, str]] = {
     "rl-e2e": ("rl_e2e", "BiC-RL stage 2: end-to-end kernel RL from the rl_infill checkpoint"),
     "benchmark": ("benchmark", "materialise a benchmark suite (KernelBench levels) as a table"),
     "evaluate": ("evaluate", "KernelBench evaluation of a scale's model and its baselines"),
+    "curves": ("curves", "plot a scale's SFT and RL training curves"),
+    "provenance": ("provenance", "record a scale's params, package versions and input pins"),
     "score": ("score", "score anyone's kernels: a folder or parquet of (reference, candidate)"),
 }
 
 log = logging.getLogger("dicepipe")
+
+
+class CheckoutMismatchError(DicepipeError):
+    """The imported dicepipe is not the code of the workflow being run."""
+
+
+def _package_files(package_dir: Path) -> dict[str, bytes]:
+    return {str(f.relative_to(package_dir)): f.read_bytes()
+            for f in sorted(package_dir.rglob("*"))
+            if f.is_file() and "__pycache__" not in f.parts and f.suffix != ".pyc"}
+
+
+def check_checkout(workdir: Path, imported: Path | None = None) -> None:
+    """Refuse to run another checkout's code. Rules and stages call the `dicepipe` on PATH;
+    installed from another checkout, a stage would run that code while Snakemake and DVC track
+    this workflow's files. Run from a repository (`workflow/dicepipe` below the working
+    folder), the imported package must be that folder, or a byte-identical copy of it (DVC's
+    `exp run --temp`/`--queue` run in a copy of the repository)."""
+    own = workdir / "workflow" / "dicepipe"
+    if not (own / "__init__.py").is_file():
+        return
+    imported = (imported or Path(__file__).parent).resolve()
+    own = own.resolve()
+    if imported == own or _package_files(imported) == _package_files(own):
+        return
+    raise CheckoutMismatchError(
+        f"dicepipe is imported from {imported}, not from this workflow's {own}: the stage "
+        f"would run that checkout's code while Snakemake and DVC track this one's. Install "
+        f"this checkout (`pip install -e .` in {own.parent.parent}) or run with "
+        f"PYTHONPATH={own.parent}."
+    )
 
 
 def _setup_logging(log_path: str | None, verbose: bool) -> None:
@@ -74,6 +107,7 @@ def main(argv: list[str] | None = None) -> int:
     args.argv = list(sys.argv[1:] if argv is None else argv)
     _setup_logging(args.log, args.verbose)
     try:
+        check_checkout(Path.cwd())
         from .config import load_params
 
         params = load_params(args.params)

@@ -105,15 +105,38 @@ def acquired_input(path):
     return path
 
 
+def folder_contents(path):
+    """The files a local input stands for. Snakemake compares a folder input by its mtime,
+    which does not change when a file below it is edited, so a folder is listed file by file
+    (__pycache__ and *.pyc left out, as .dvcignore leaves them out of DVC's hash of the
+    folder): an edit, an addition or a removal re-plans the rule. An acquired folder stays
+    whole (it is the acquire rule's output); an empty folder stands for itself."""
+    folder = acquired_input(path)
+    if (
+        folder != path
+        or Path(path).parts[:2] == ("data", "external")
+        or not Path(path).is_dir()
+    ):
+        return [folder]
+    files = sorted(
+        str(f)
+        for f in Path(path).rglob("*")
+        if f.is_file()
+        and f.suffix != ".pyc"
+        and "__pycache__" not in f.relative_to(path).parts
+    )
+    return files or [path]
+
+
 def source_inputs(wildcards):
     source = config["corpora"][wildcards.corpus]["source"]
-    return [] if source["kind"] == "hub" else [acquired_input(source["path"])]
+    return [] if source["kind"] == "hub" else folder_contents(source["path"])
 
 
 def base_model_input(wildcards):
     """What the scale's base model is made from (scales.<s>.base; DVC tracks the same)."""
     base = config["scales"][wildcards.scale].get("base")
-    return [acquired_input(base)] if base else []
+    return folder_contents(base) if base else []
 
 
 BENCHMARKS = list(config["benchmarks"])
@@ -122,7 +145,7 @@ BENCHMARKS = list(config["benchmarks"])
 def benchmark_inputs(wildcards):
     """The local source of a benchmark (a hub dataset id has none: the stage downloads it)."""
     spec = config["benchmarks"][wildcards.benchmark]
-    return [] if spec["kind"] == "hub" else [acquired_input(spec["path"])]
+    return [] if spec["kind"] == "hub" else folder_contents(spec["path"])
 
 
 def scale_benchmark_table(wildcards):

@@ -11,14 +11,43 @@ rule evaluate:
         code=code("stages/evaluate.py"),
         # the paper's tables the compare table sets beside the run (package data, not code)
         paper_tables=PAPER_TABLES,
+        # folder baselines shipped for the scale, file by file (DVC hashes the folder): an
+        # edited kernel file re-runs this scale's evaluation only
+        baselines=lambda w: folder_contents(f"data/baselines/{w.scale}"),
     output:
-        summary="results/kernelbench_{scale}.csv",
-        compare="results/kernelbench_compare_{scale}.csv",
+        # report(): `snakemake --report` shows these with workflow/report/ captions
+        summary=report(
+            "results/kernelbench_{scale}.csv",
+            caption="../report/results.rst",
+            category="KernelBench",
+            subcategory="{scale}",
+        ),
+        compare=report(
+            "results/kernelbench_compare_{scale}.csv",
+            caption="../report/compare.rst",
+            category="KernelBench",
+            subcategory="{scale}",
+        ),
         tables=directory("results/kernelbench_{scale}"),
         metrics="metrics/evaluate/{scale}/metrics.json",
-        levels="metrics/evaluate/{scale}/levels.png",
-        speedups="metrics/evaluate/{scale}/speedups.png",
-        compare_plot="metrics/evaluate/{scale}/compare.png",
+        levels=report(
+            "metrics/evaluate/{scale}/levels.png",
+            caption="../report/levels.rst",
+            category="KernelBench",
+            subcategory="{scale}",
+        ),
+        speedups=report(
+            "metrics/evaluate/{scale}/speedups.png",
+            caption="../report/speedups.rst",
+            category="KernelBench",
+            subcategory="{scale}",
+        ),
+        compare_plot=report(
+            "metrics/evaluate/{scale}/compare.png",
+            caption="../report/compare_plot.rst",
+            category="KernelBench",
+            subcategory="{scale}",
+        ),
     log:
         "logs/evaluate/{scale}.log",
     conda:
