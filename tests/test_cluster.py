@@ -98,7 +98,8 @@ def test_slurm_profile_dry_run_gives_each_job_its_resources(repo_root, params, t
         j["rule"] for j in jobs}
     for job in jobs:
         wc = job["wildcards"]
-        key = {"scale": wc["scale"]} if "scale" in wc else {"corpus": wc["corpus"]}
+        key = ({"scale": wc["scale"]} if "scale" in wc else
+               {"corpus": wc["corpus"]} if "corpus" in wc else {})  # acquire: neither
         want = job_resources(params, job["rule"], **key)
         got = {name: int(job["resources"][name]) for name in want}
         assert got == want, (job["rule"], wc)

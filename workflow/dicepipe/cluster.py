@@ -9,13 +9,12 @@ GPU. Resources are never tracked as params: they change where a job runs, not it
 
 from __future__ import annotations
 
-from .errors import ConfigError
 
 
 def job_resources(params: dict, stage: str, *, scale: str | None = None,
                   corpus: str | None = None) -> dict:
     """Resources of one job of `stage`, keyed by `scale` (training, evaluation) or `corpus`
-    (data stages). Fields come from the stage's entry, then its per-scale override, else
+    (data stages), or by neither (acquire: downloads, no GPU). Fields come from the stage's entry, then its per-scale override, else
     `resources.default`. GPUs: none on a cpu backend; otherwise the entry's `gpus`, or for a
     scale-keyed job without one, the scale's `gpus` (its training processes)."""
     table = params["resources"]
@@ -31,8 +30,8 @@ def job_resources(params: dict, stage: str, *, scale: str | None = None,
     elif corpus is not None:
         backend = params["corpora"][corpus]["backend"]
         gpus = merged["gpus"]
-    else:
-        raise ConfigError(f"resources of stage {stage!r}: a job is keyed by a scale or a corpus.")
+    else:  # keyed by neither (acquire: a download): never a GPU
+        backend, gpus = "cpu", 0
     return {
         "gpu": int(gpus) if backend == "cuda" else 0,
         "cpus_per_task": int(merged["cpus"]),

@@ -11,6 +11,9 @@ rule acquire:
         "logs/acquire/{external}.log",
     conda:
         "../../envs/dicepipe.yaml"
+    threads: threads_of("acquire", None)
+    resources:
+        **resources_of("acquire", None),
     params:
         tracked=tracked("acquire.{external}"),
     shell:

@@ -70,7 +70,7 @@ def resources_of(stage, key):
 
     def _get(name):
         def _value(wildcards):
-            keyed = {key: wildcards[key]}
+            keyed = {key: wildcards[key]} if key else {}
             return job_resources(config, stage, **keyed)[name]
 
         return _value
