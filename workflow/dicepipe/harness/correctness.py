@@ -192,6 +192,16 @@ def compare(ref, cand) -> tuple[float, float, str]:
     return worst_t, worst_err, reason
 
 
+def cuda_context_broken() -> bool:
+    """Whether the CUDA context still works: an error such as a device-side assert is sticky
+    and fails every later call, so a synchronize and a tiny computation tell."""
+    try:
+        torch.cuda.synchronize()
+        return float(torch.ones(16, device="cuda").sum()) != 16.0
+    except Exception:
+        return True
+
+
 def _span(t: torch.Tensor) -> tuple[int, int]:
     storage = t.untyped_storage()
     start = storage.data_ptr()

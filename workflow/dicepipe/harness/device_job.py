@@ -27,6 +27,7 @@ import traceback
 
 import torch
 
+from .correctness import cuda_context_broken
 from .guards import TamperGuard
 from .kb_trials import KERNELBENCH_SEED, run_kernelbench_trials
 from .loader import CallCounter, exec_module, forget_module, intercept_load_inline
@@ -81,8 +82,7 @@ def _evaluate(msg: dict, ctx, counter, resolver, guard) -> tuple[dict, list[str]
         with intercept_load_inline(resolver.load):
             ref_mod, cand_mod = _load_programs(msg, ctx, names)
             row["compiled"] = True
-            # KernelBench builds both models under its seed 42 (weights as it draws them)
-            ref_model, cand_model = _build_models(ref_mod, cand_mod, KERNELBENCH_SEED, device)
+            ref_model, cand_model = _build_models(ref_mod, cand_mod, device)
             tampered += guard.check()
             t1 = time.monotonic()
             ctx.phase("correct", settings["run_timeout_s"])
@@ -149,10 +149,7 @@ def run_probe(msg: dict, ctx) -> dict:
     ctx.phase("probe", settings["run_timeout_s"])
     try:
         ref_mod = exec_module(msg["reference_code"], "reference", ctx.job_folder)
-        torch.manual_seed(KERNELBENCH_SEED)
-        init_inputs = ref_mod.get_init_inputs()
-        torch.manual_seed(KERNELBENCH_SEED)
-        ref_model = ref_mod.Model(*init_inputs).to(device)
+        ref_model = _build(ref_mod.Model, _init_inputs(ref_mod), device)
         result = probe_reference(ref_mod.get_inputs, ref_model, msg["seed"],
                                  int(settings["correct_trials"]), device, list(msg["plan"]))
     except Exception as exc:
@@ -202,19 +199,27 @@ def _load_programs(msg: dict, ctx, names: tuple[str, str]):
     return ref_mod, cand_mod
 
 
-def _build_models(ref_mod, cand_mod, seed: int, device: str):
-    """Both models from the same seed, on the CPU first then moved (as KernelBench does)."""
-    torch.manual_seed(seed)
-    init_inputs = ref_mod.get_init_inputs()
-    torch.manual_seed(seed)
+def _init_inputs(ref_mod) -> list:
+    torch.manual_seed(KERNELBENCH_SEED)
+    return ref_mod.get_init_inputs()
+
+
+def _build(cls, init_inputs: list, device: str):
+    """One model under KernelBench's seed, on the CPU first then moved (as KernelBench does):
+    the reference and every candidate of a task start from the same weights."""
+    torch.manual_seed(KERNELBENCH_SEED)
+    return cls(*init_inputs).to(device)
+
+
+def _build_models(ref_mod, cand_mod, device: str):
+    init_inputs = _init_inputs(ref_mod)
     try:
-        ref_model = ref_mod.Model(*init_inputs).to(device)
+        ref_model = _build(ref_mod.Model, init_inputs, device)
     except BaseException as exc:
         raise JobFailed("reference", "reference model failed to build: " + _format(exc),
                         compiled=True)
-    torch.manual_seed(seed)
     try:
-        cand_model = cand_mod.ModelNew(*init_inputs).to(device)
+        cand_model = _build(cand_mod.ModelNew, init_inputs, device)
     except BuildFailedError as exc:
         raise JobFailed("build", str(exc), compiled=False, log=exc.log)
     except BaseException as exc:
@@ -227,12 +232,7 @@ def _context_broken(device: str, error: str | None) -> bool:
         return False
     if error and any(marker in error for marker in CUDA_FATAL):
         return True
-    try:
-        torch.cuda.synchronize()
-        probe = torch.ones(16, device="cuda")
-        return float(probe.sum()) != 16.0
-    except Exception:
-        return True
+    return cuda_context_broken()
 
 
 def _judge_timed_outputs(row: dict, max_tolerance: float) -> None:

@@ -29,6 +29,7 @@ import math
 import torch
 
 from . import correctness as C
+from .trials import sync as _sync
 
 KERNELBENCH_SEED = 42  # eval_kernel_against_ref(seed_num=42): model weights and trial seeds
 
@@ -41,11 +42,6 @@ def trial_seeds(count: int, seed: int = KERNELBENCH_SEED) -> list[int]:
         return [int(torch.randint(0, 2**32 - 1, (1,)).item()) for _ in range(count)]
     finally:
         torch.random.set_rng_state(state)
-
-
-def _sync(device: str) -> None:
-    if device == "cuda":
-        torch.cuda.synchronize()
 
 
 def run_kernelbench_trials(get_inputs, ref_model, cand_model, count: int, device: str,
@@ -70,7 +66,7 @@ def run_kernelbench_trials(get_inputs, ref_model, cand_model, count: int, device
                 _sync(device)
             except Exception:
                 record.append(math.inf)
-                if device == "cuda" and _context_broken():
+                if device == "cuda" and C.cuda_context_broken():
                     raise
                 return
             record.append(C.allclose_tolerance(ref, cand))
@@ -82,10 +78,3 @@ def run_kernelbench_trials(get_inputs, ref_model, cand_model, count: int, device
             if ended:
                 return
 
-
-def _context_broken() -> bool:
-    try:
-        torch.cuda.synchronize()
-        return False
-    except Exception:
-        return True

@@ -29,7 +29,7 @@ class ReferenceFailed(Exception):
     """The reference raised on as-drawn inputs: the task, not the candidate, is broken."""
 
 
-def _sync(device: str) -> None:
+def sync(device: str) -> None:
     if device == "cuda":
         torch.cuda.synchronize()
 
@@ -48,7 +48,7 @@ def _reference_first(ref_model, base: list, seed: int, variant: str, call_seed: 
         torch.manual_seed(call_seed)
         try:
             ref = ref_model(*ref_in)
-            _sync(device)
+            sync(device)
         except Exception as exc:
             if name == "as_drawn":
                 raise ReferenceFailed("reference failed on as-drawn inputs: " +
@@ -86,24 +86,15 @@ def probe_reference(get_inputs, ref_model, seed: int, trials: int, device: str,
                                          variant, trial_seed)
                 torch.manual_seed(trial_seed * 7 + 3)
                 ref = ref_model(*C.clone_args(inputs))
-                _sync(device)
+                sync(device)
                 ok = C.all_finite(ref)
                 del ref, inputs
             except Exception:
-                if device == "cuda" and _cuda_broken():
+                if device == "cuda" and C.cuda_context_broken():
                     return {"plan": plan, "fatal_trial": trial}
                 ok = False
             plan.append(variant if ok else "as_drawn")
     return {"plan": plan, "fatal_trial": None}
-
-
-def _cuda_broken() -> bool:
-    try:
-        torch.cuda.synchronize()
-        torch.ones(1, device="cuda").sum().item()
-        return False
-    except Exception:
-        return True
 
 
 def run_trial(get_inputs, ref_model, cand_model, seed: int, variant: str, device: str) -> dict:
@@ -116,11 +107,11 @@ def run_trial(get_inputs, ref_model, cand_model, seed: int, variant: str, device
     cand_in1 = C.clone_args(inputs)
     torch.manual_seed(call_seed)
     cand1 = cand_model(*cand_in1)
-    _sync(device)
+    sync(device)
     cand_in2 = C.clone_args(inputs)
     torch.manual_seed(call_seed)
     cand2 = cand_model(*cand_in2)
-    _sync(device)
+    sync(device)
     ref_mutates = not C.same_values(ref_in, inputs)
     ref_aliases = C.shares_memory(ref, ref_in)
     flags = {
