@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import http.server
 import io
+import json
 import socket
 import tarfile
 import threading
@@ -218,3 +219,60 @@ def test_cli_reports_the_error_and_exits_2(tmp_path, monkeypatch, repo_root, cap
     assert "cannot reach http://127.0.0.1:9/deadlykitten4/DICE/" in err
     assert "put it at data/external/CuKe/CuKe_dataset.json (git_blob d08886353a362f065dcb8774635fa28f7f194cf2)" in err
     assert not Path("data/external/CuKe/CuKe_dataset.json").exists()
+
+
+def _hub_cache(tmp_path, repo_id: str, revision: str, files: dict) -> None:
+    folder = tmp_path / "hub" / ("models--" + repo_id.replace("/", "--"))
+    snapshot = folder / "snapshots" / revision
+    snapshot.mkdir(parents=True)
+    for name, text in files.items():
+        (snapshot / name).write_text(text)
+    (folder / "refs").mkdir(exist_ok=True)
+    (folder / "refs" / "main").write_text(revision)
+
+
+def test_hub_models_fetch_a_scales_baselines_into_subfolders(tmp_path, monkeypatch):
+    """acquire@baselines-<scale>: each model into its own subfolder with its own record; a
+    model dropped from the list is removed, one kept is verified without the cache."""
+    import shutil
+
+    _hub_cache(tmp_path, "Qwen/Qwen3-tiny", "a" * 40, {"config.json": '{"model_type": "qwen3"}\n'})
+    _hub_cache(tmp_path, "DeadlyKitt3n/DICE-tiny", "b" * 40, {"config.json": '{"model_type": "sdar"}\n'})
+    monkeypatch.setattr("huggingface_hub.constants.HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.setattr("huggingface_hub.constants.HF_HUB_OFFLINE", True)
+    spec = {"kind": "hub_models", "models": [
+        {"name": "qwen3", "repo_id": "Qwen/Qwen3-tiny", "revision": "a" * 40},
+        {"name": "dice", "repo_id": "DeadlyKitt3n/DICE-tiny", "revision": "b" * 40}]}
+    out = tmp_path / "data/external/baselines-tiny"
+    manifest = acquire("baselines-tiny", spec, out)
+    assert manifest["models"] == {"qwen3": {"repo_id": "Qwen/Qwen3-tiny", "revision": "a" * 40},
+                                  "dice": {"repo_id": "DeadlyKitt3n/DICE-tiny", "revision": "b" * 40}}
+    assert (out / "dice/config.json").read_text() == '{"model_type": "sdar"}\n'
+    assert json.loads((out / "qwen3/ACQUIRED.json").read_text())["repo_id"] == "Qwen/Qwen3-tiny"
+    shutil.rmtree(tmp_path / "hub")  # verified from the records alone
+    acquire("baselines-tiny", {**spec, "models": spec["models"][:1]}, out)
+    assert sorted(p.name for p in out.iterdir()) == ["ACQUIRED.json", "qwen3"]
+    with pytest.raises(AcquireError, match=r"acquire.baselines-tiny.models\[1\]|hf download Deadly"):
+        acquire("baselines-tiny", spec, out)  # dice again, with no cache and no network
+    assert (out / "qwen3/config.json").is_file()
+
+
+def test_every_real_scale_acquires_the_models_its_baselines_read(repo_root):
+    """baselines.<scale> of the real scales read only folders under scales.<s>.baselines, and
+    that folder is an acquire entry that fetches exactly those models."""
+    import yaml
+
+    from dicepipe.config import validate_params
+
+    params = validate_params(yaml.safe_load((repo_root / "params.yaml").read_text()))
+    for scale in ("1p7b", "4b", "8b"):
+        home = params["scales"][scale]["baselines"]
+        name = Path(home).name
+        assert home == f"data/external/{name}" and params["acquire"][name]["kind"] == "hub_models"
+        fetched = {m["name"] for m in params["acquire"][name]["models"]}
+        read = {Path(b["model"]).name for b in params["baselines"][scale]}
+        assert read == fetched and {b["paper_system"] for b in params["baselines"][scale]} >= {"SDAR-Chat", "Qwen3", "DICE"}
+    # a baseline outside its scale's folder is refused with the key to fix
+    params["baselines"]["8b"].append({"name": "mine", "folder": "elsewhere/kernels"})
+    with pytest.raises(Exception, match=r"baselines.8b\[4\].*outside 'scales.8b.baselines'"):
+        validate_params(params)

@@ -165,7 +165,8 @@ def _summaries():
 def _write(tmp_path, params, scale, name):
     args = Namespace(compare=str(tmp_path / name / "compare.csv"), metrics=str(tmp_path / name))
     protocols = [named_protocol(n, params["protocols"]) for n in params["evaluate"]["protocols"]]
-    _write_compare(args, _summaries(), protocols, params["evaluate"], _table_for(params, scale), scale)
+    _write_compare(args, _summaries(), protocols, params["evaluate"], _table_for(params, scale), scale,
+                   {"model": "DICE", "qwen3": "Qwen3"})
     with open(args.compare, newline="") as fh:
         return list(csv.DictReader(fh))
 
@@ -189,7 +190,10 @@ def test_compare_table_gains_the_papers_rows_for_a_real_scale(tmp_path, params):
     # only the columns the paper reports
     assert dice[f"{V0}.fast_1_interval"] == "" and dice["strict.plain.exec"] == ""
     assert paper[("Gemini-3-Pro", "1")]["size"] == "closed"
-    assert list(rows[0])[:5] == ["source", "system", "size", "protocol", "level"]
+    assert list(rows[0])[:6] == ["source", "system", "paper_system", "size", "protocol", "level"]
+    # each run row names the paper's row it is set beside; the paper's rows name themselves
+    assert (run[("model", "1")]["paper_system"], run[("qwen3", "1")]["paper_system"]) == ("DICE", "Qwen3")
+    assert paper[("Qwen3", "2")]["paper_system"] == "Qwen3"
     plot = tmp_path / "8b" / "compare.png"
     assert plot.is_file() and b"Software" not in plot.read_bytes()
     # deterministic: written again, the same bytes
@@ -225,3 +229,16 @@ def test_paper_table_key_is_tracked_by_both_runners(repo_root, params):
     # the plot is an output of the rule (wrapped in report() for `snakemake --report`)
     assert re.search(r'compare_plot=(report\(\s*)?"metrics/evaluate/\{scale\}/compare\.png"',
                      rule), rule
+
+
+def test_a_baseline_named_after_no_row_of_the_paper_is_refused(params):
+    from dicepipe.stages.evaluate import _check_paper_systems
+
+    table = _table_for(params, "8b")
+    systems = [{"name": "model", "paper_system": "DICE"},
+               *params["baselines"]["8b"]]
+    _check_paper_systems(systems, table, "8b")  # the shipped names are the paper's
+    systems.append({"name": "mine", "folder": "x", "paper_system": "Qwen3-8B"})
+    with pytest.raises(ConfigError, match=r"baselines.8b\[4\].paper_system.*'Qwen3-8B'.*Table 1"):
+        _check_paper_systems(systems, table, "8b")
+    _check_paper_systems(systems, None, "tiny")  # no table: nothing to name

@@ -7,7 +7,9 @@ Three kinds (params.yaml `acquire.<name>`):
 - `github_archive`: a whole repository at a commit (GitHub's tarball), pinned by the commit's
   git tree id, recomputed from the extracted files;
 - `hub_model`: a model repository on the Hugging Face hub at a revision
-  (`huggingface_hub.snapshot_download` into the hub cache, then hard-linked into the folder).
+  (`huggingface_hub.snapshot_download` into the hub cache, then hard-linked into the folder);
+- `hub_models`: several, each into its own subfolder (a scale's baseline models: one stage,
+  one folder that evaluate@<scale> tracks).
 
 Every file already at its target path is used once its pin is verified; one that does not
 match is refused, never overwritten. A download goes to a temporary file in the target's
@@ -316,10 +318,29 @@ def acquire_hub_model(name: str, spec: dict, out: Path, *, timeout_s: float) -> 
     return {**identity, "files": files}
 
 
+def acquire_hub_models(name: str, spec: dict, out: Path, *, timeout_s: float) -> dict:
+    """Each of `models` as `hub_model` into out/<model name>/ (its own ACQUIRED.json, so a
+    model already verified is not fetched again when another is added); folders no longer
+    listed are removed."""
+    out.mkdir(parents=True, exist_ok=True)
+    records = {}
+    for index, model in enumerate(spec["models"]):
+        sub = out / model["name"]
+        entry = {k: v for k, v in model.items() if k != "name"}
+        record = acquire_hub_model(f"{name}.models[{index}]", entry, sub, timeout_s=timeout_s)
+        (sub / MANIFEST).write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
+        records[model["name"]] = {k: record[k] for k in ("repo_id", "revision")}
+    for stale in sorted({p.name for p in out.iterdir()} - set(records) - {MANIFEST}):
+        log.info("%s: removing %s (no longer listed in acquire.%s.models)", name, out / stale, name)
+        (out / stale).unlink() if (out / stale).is_file() else shutil.rmtree(out / stale)
+    return {"kind": "hub_models", "models": records}
+
+
 KINDS = {
     "github_files": acquire_github_files,
     "github_archive": acquire_github_archive,
     "hub_model": acquire_hub_model,
+    "hub_models": acquire_hub_models,
 }
 
 

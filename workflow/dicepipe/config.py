@@ -160,6 +160,7 @@ def _cross_check(params: dict, source: str) -> None:
                 f"{spec['corpus']!r} is for backend {corpus_backend!r}. Expected them to agree."
             )
     _check_scale_bases(params, source)
+    _check_scale_baselines(params, source)
     for scale in params.get("default_scales", []):
         if scale not in params["scales"]:
             raise ConfigError(
@@ -225,11 +226,32 @@ def _check_evaluate(params: dict, source: str) -> None:
         if "model" in names or len(set(names)) != len(names):
             raise ConfigError(f"{source}: key 'baselines.{scale}' has names {names}. Expected "
                               "unique names other than 'model' (the scale's own model).")
+    _check_scale_prompts(params, source)
     for name in params["evaluate"]["protocols"]:
         if name not in params["protocols"]:
             raise ConfigError(f"{source}: key 'evaluate.protocols' names {name!r}, which is not "
                               f"under 'protocols'. Expected one of "
                               f"{sorted(params['protocols'])}.")
+
+
+# Where each evaluation prompt wording is read from (the project's own is package code).
+OWN_PROMPTS = "workflow/dicepipe/data/prompts.py"
+
+
+def _check_scale_prompts(params: dict, source: str) -> None:
+    """`scales.<s>.prompts` is what evaluate@<s> tracks for its prompt wording (DVC cannot
+    pick it from the scale's evaluate `prompt`): the prompt source's folder (acquired by
+    acquire@KernelBench or acquire@DICE), or the project's own prompts module."""
+    for scale, spec in params["scales"].items():
+        settings = {**params["evaluate"]["defaults"], **(params["evaluate"]["overrides"].get(scale) or {})}
+        wording = settings.get("prompt", "kernelbench")
+        expected = (OWN_PROMPTS if wording == "dicepipe"
+                    else (params.get("prompt_sources") or {}).get(wording, {}).get("path"))
+        if expected is not None and spec.get("prompts", "").rstrip("/") != expected.rstrip("/"):
+            raise ConfigError(
+                f"{source}: key 'scales.{scale}.prompts' is {spec.get('prompts')!r} but the scale's "
+                f"evaluation prompt is {wording!r}, read from {expected!r}. Expected "
+                f"'scales.{scale}.prompts: {expected}', so evaluate@{scale} re-runs when it changes.")
 
 
 def _check_tolerances(params: dict, source: str) -> None:
@@ -431,6 +453,40 @@ def _resolve(node: dict, root: dict) -> dict:
             target = target[part]
         node = target
     return node
+
+
+def _check_scale_baselines(params: dict, source: str) -> None:
+    """`scales.<s>.baselines` is the folder both runners track for the scale's baselines (DVC
+    cannot look into baselines.<s>): every folder and local model they read lies inside it.
+    Stage checkpoints (models/...) and hub ids are the exceptions (a hub id is fetched at run
+    time, untracked)."""
+    from pathlib import PurePosixPath
+
+    for scale, spec in params["scales"].items():
+        entries = (params.get("baselines") or {}).get(scale) or []
+        home = spec.get("baselines")
+        if home is None:
+            raise ConfigError(
+                f"{source}: key 'scales.{scale}.baselines' is missing. Expected the folder "
+                f"evaluate@{scale} tracks for its baselines: data/baselines/{scale} for kernel "
+                f"folders, or data/external/<name> for models an acquire entry fetches.")
+        root = PurePosixPath(home.rstrip("/"))
+        for index, entry in enumerate(entries):
+            path = entry.get("folder") or entry.get("model")
+            if isinstance(path, dict):
+                path = path.get("path")
+            if not isinstance(path, str):
+                continue
+            local = PurePosixPath(path.rstrip("/"))
+            hub_id = path.count("/") == 1 and not path.startswith((".", "/", "~")) \
+                and "folder" not in entry and local.parts[0] not in ("data", "models")
+            if hub_id or local.parts[0] == "models" or local == root or root in local.parents:
+                continue
+            raise ConfigError(
+                f"{source}: key 'baselines.{scale}[{index}]' ({entry['name']}) reads {path!r}, "
+                f"outside 'scales.{scale}.baselines' ({home!r}), so evaluate@{scale} would not "
+                f"re-run when it changes. Expected a path inside {home!r}, or set "
+                f"'scales.{scale}.baselines' to a folder holding all of them.")
 
 
 def _check_scale_bases(params: dict, source: str) -> None:

@@ -11,9 +11,13 @@ rule evaluate:
         code=code("stages/evaluate.py"),
         # the paper's tables the compare table sets beside the run (package data, not code)
         paper_tables=PAPER_TABLES,
-        # folder baselines shipped for the scale, file by file (DVC hashes the folder): an
-        # edited kernel file re-runs this scale's evaluation only
-        baselines=lambda w: folder_contents(f"data/baselines/{w.scale}"),
+        # what the scale's baselines read (scales.<s>.baselines): shipped kernel folders file
+        # by file (DVC hashes the folder), so an edited kernel re-runs this scale's evaluation
+        # only; or the acquire rule's folder of baseline models
+        baselines=lambda w: folder_contents(config["scales"][w.scale]["baselines"]),
+        # where the scale's prompt wording is read (scales.<s>.prompts: acquire@KernelBench's
+        # folder for KernelBench's prompts)
+        prompts=lambda w: folder_contents(config["scales"][w.scale]["prompts"]),
     output:
         # report(): `snakemake --report` shows these with workflow/report/ captions
         summary=report(

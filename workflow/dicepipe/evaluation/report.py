@@ -146,7 +146,7 @@ def plot_speedups(records: Sequence[Mapping], protocol: Protocol, path: Path, ti
     _save(plt, fig, path)
 
 
-COMPARE_LABELS = ("source", "system", "size", "protocol", "level")
+COMPARE_LABELS = ("source", "system", "paper_system", "size", "protocol", "level")
 
 
 def _level_rank(level: str) -> tuple[int, int]:
@@ -154,13 +154,19 @@ def _level_rank(level: str) -> tuple[int, int]:
 
 
 def compare_rows(summaries: Mapping[str, Sequence[Mapping]], protocols: Sequence[str],
-                 literature: Sequence[Mapping] = ()) -> tuple[list[dict], list[str]]:
+                 literature: Sequence[Mapping] = (),
+                 paper_systems: Mapping[str, str] | None = None) -> tuple[list[dict], list[str]]:
     """The compare table: per level (then `all`), the run's systems in order (the model, then
     its baselines), then the paper's rows in its table order. Run rows are labelled
-    source `run` and the protocols their columns report; literature rows carry their own
-    labels and fill only the columns the paper reports. Returns (rows, columns)."""
+    source `run`, the protocols their columns report and the paper's name for the system
+    (`paper_systems`: system -> the row of the paper's table it is, "" if none); literature
+    rows carry their own labels and fill only the columns the paper reports. Returns (rows,
+    columns)."""
+    paper_systems = paper_systems or {}
     run_label = {"source": "run", "size": "", "protocol": ";".join(protocols)}
-    run = [{**run_label, **row} for name in summaries for row in summaries[name]]
+    run = [{**run_label, "paper_system": paper_systems.get(name, ""), **row}
+           for name in summaries for row in summaries[name]]
+    literature = [{"paper_system": row["system"], **row} for row in literature]
     order = {name: i for i, name in enumerate(summaries)}
     keyed = [((_level_rank(r["level"]), 0, order[r["system"]]), r) for r in run]
     keyed += [((_level_rank(r["level"]), 1, i), r) for i, r in enumerate(literature)]

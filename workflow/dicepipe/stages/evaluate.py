@@ -46,11 +46,27 @@ def evaluate_settings(params: dict, scale: str) -> dict:
 
 
 def _systems(args, params: dict) -> list[dict]:
-    """The scale's model first, then its baselines in params order."""
-    systems = [{"name": "model", "model": args.model}]
+    """The scale's model first (in the paper's tables, DICE), then its baselines in params
+    order."""
+    systems = [{"name": "model", "model": args.model, "paper_system": "DICE"}]
     for entry in params.get("baselines", {}).get(args.scale) or []:
         systems.append(dict(entry))
     return systems
+
+
+def _check_paper_systems(systems: list[dict], paper, scale: str) -> None:
+    """A baseline's `paper_system` names a row of the scale's paper table (none: no check)."""
+    from ..errors import ConfigError
+
+    if paper is None:
+        return
+    names = [row.system for row in paper.rows]
+    for index, system in enumerate(systems[1:]):
+        if system.get("paper_system") and system["paper_system"] not in names:
+            raise ConfigError(
+                f"params.yaml: key 'baselines.{scale}[{index}].paper_system' is "
+                f"{system['paper_system']!r}, not a row of the paper's {paper.label}. Expected "
+                f"one of {names}.")
 
 
 def _generate(system: dict, tasks, prompts: list[str], settings, out_dir: Path, code_block: str,
@@ -117,6 +133,7 @@ def run(args, params: dict) -> int:
     tasks = read_table(args.benchmark, BENCHMARK_SCHEMA).to_pylist()
     out_dir = Path(args.out_dir)
     systems = _systems(args, params)
+    _check_paper_systems(systems, paper, args.scale)
     folders = {s["name"]: out_dir if s["name"] == "model" else out_dir / "baselines" / s["name"]
                for s in systems}
     candidates, generations = {}, {}
@@ -149,7 +166,8 @@ def run(args, params: dict) -> int:
                 _write_model_outputs(args, records, summaries[name], protocols, section, scale.name)
             else:
                 write_csv(summaries[name], out_dir / "baselines" / f"{name}.csv")
-    _write_compare(args, summaries, protocols, section, paper, scale.name)
+    _write_compare(args, summaries, protocols, section, paper, scale.name,
+                   {s["name"]: s.get("paper_system", "") for s in systems})
     for row in summaries["model"]:
         log.info("%s level %s: Exec fast_p (%s, plain) %s | robust %s | reference failed %d",
                  args.scale, row["level"], protocols[0].name,
@@ -189,14 +207,15 @@ def _write_model_outputs(args, records, summary, protocols, section, scale: str)
     plot_speedups(records, protocols[0], metrics / "speedups.png", f"KernelBench, {scale}")
 
 
-def _write_compare(args, summaries: dict, protocols, section, paper, scale: str) -> None:
+def _write_compare(args, summaries: dict, protocols, section, paper, scale: str,
+                   paper_systems: dict | None = None) -> None:
     """Model and baselines per level, and the paper's table for the scale (`paper_table`)
     beside them, labelled with its source and protocol; the same as a plot."""
     from ..evaluation.literature import literature_rows
     from ..evaluation.report import compare_rows, plot_compare, write_csv
 
     literature = literature_rows(paper) if paper else []
-    rows, columns = compare_rows(summaries, [p.name for p in protocols], literature)
+    rows, columns = compare_rows(summaries, [p.name for p in protocols], literature, paper_systems)
     write_csv(rows, Path(args.compare), columns)
     # beside the paper, the run's columns of the paper's protocol; else the first reported
     protocol = paper.protocol["name"] if paper else protocols[0].name
