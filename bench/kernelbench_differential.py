@@ -27,6 +27,13 @@ The harness's side: one HarnessSession (`--harness-workers` device workers on GP
 correctness only, params.yaml's harness settings, in chunks. Both sides run at the same time
 (`--sequential`: KernelBench's first) and journal under `--state`: a cut run resumes.
 
+GPU memory: level 1's inputs and outputs run to several GB per problem, and KernelBench's
+`--kb-jobs` children and our `--harness-workers` share the one GPU: run concurrently they run
+out of GPU memory (session 10: 29 of 31 level-1 differences were a side's CUDA OOM). For
+level 1 use `--sequential --kb-jobs 4 --harness-workers 2`; re-runs of disagreements go
+`--rerun-jobs` (1) at a time, KernelBench's first, and an OOM on either side is named in
+the reason.
+
 Cost: host-side input draws dominate. Both KernelBench and the harness's KernelBench trials
 draw `get_inputs()` on the CPU (serial: ~4 ns an element on the 2-core VM), and one draw of
 every level 1 problem is 317 GiB (levels 2 and 3: 29 GiB). So split a long run: first
@@ -536,6 +543,11 @@ def suggest_reason(record: dict, row: dict | None, facts: dict | None, reruns: l
                        f"{len(reruns)} re-run(s)")
     elif reruns:
         reasons.append(f"reproduced in {len(reruns)} re-run(s)")
+    errors = " ".join(str(x) for x in ((row or {}).get("error"), record.get("kb_error_0.0001"),
+                                       record.get("kb_error_0.01")) if x)
+    if any(s in errors.lower() for s in ("out of memory", "outofmemoryerror", "worker memory passed")):
+        reasons.append("out of memory: a side ran out of GPU or worker memory (KernelBench's jobs "
+                       "and our workers share one GPU; the re-runs go one job at a time)")
     for tag in ("0.0001", "0.01"):
         if record.get(f"kb_status_{tag}") == "timeout":
             reasons.append(f"KernelBench's run at {tag} timed out")
@@ -694,6 +706,9 @@ def parse_args(argv=None):
                         help="test mode without CUDA: KernelBench's CUDA calls become no-ops")
     parser.add_argument("--rerun-disagreements", type=int, default=0, metavar="N",
                         help="re-run each disagreeing pair N times under both")
+    parser.add_argument("--rerun-jobs", type=int, default=1,
+                        help="re-runs of disagreements: KernelBench's jobs at a time, then our "
+                             "device workers (1: each job alone on the GPU)")
     parser.add_argument("--budget-s", type=float, default=None,
                         help="start no new KernelBench pair, and no re-run, after this many seconds")
     return parser.parse_args(argv)
@@ -754,10 +769,14 @@ def main(argv=None) -> int:
             if deadline is not None and time.monotonic() > deadline:
                 log("budget spent: no more re-runs")
                 break
-            log(f"re-run {run_index} of {len(disagreeing)} disagreeing pairs")
-            kb.run(disagreeing, run_index, deadline)
+            log(f"re-run {run_index} of {len(disagreeing)} disagreeing pairs, KernelBench's "
+                f"{args.rerun_jobs} at a time, then ours on {args.rerun_jobs} worker(s)")
+            # alone on the GPU: level 1's multi-GB inputs make concurrent jobs run out of memory
+            alone = argparse.Namespace(**{**vars(args), "kb_jobs": args.rerun_jobs,
+                                          "harness_workers": args.rerun_jobs})
+            KernelBenchSide(alone, state).run(disagreeing, run_index, deadline)
             again = ({} if args.skip_harness
-                     else run_harness(disagreeing, args, state, run_index, deadline))
+                     else run_harness(disagreeing, alone, state, run_index, deadline))
             entries = kb.done()
             for pair in disagreeing:
                 rerun = dict(kb_verdicts(entries, pair["key"], tolerances, run_index),

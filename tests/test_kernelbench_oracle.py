@@ -372,3 +372,24 @@ def test_differential_child_probe_equals_separate_runs(kb_eval, tmp_path, name):
     expected = {"off_by_1e-3": [(1e-4, True, False), (1e-2, True, True)],
                 "raises_on_some_draws": [(1e-4, True, False), (1e-2, True, False)]}[name]
     assert verdicts["separate"] == expected
+
+
+def test_differential_names_an_out_of_memory_side():
+    """A disagreement where either side ran out of memory (KernelBench's jobs and our workers
+    sharing one GPU: session 10's level-1 run) says so instead of 'unexplained'."""
+    sys.path.insert(0, str(REPO_ROOT / "bench"))
+    try:
+        import kernelbench_differential as diff
+    finally:
+        sys.path.remove(str(REPO_ROOT / "bench"))
+    record = {"ours_compiled": True, "ours_kernelbench": "accepted", "ours_kernelbench_v0": "accepted",
+              "kb_compiled_0.0001": True, "kb_correct_0.0001": False, "kb_compiled_0.01": True,
+              "kb_correct_0.01": False, "agree_kernelbench": False, "agree_kernelbench_v0": False,
+              "kb_error_0.0001": "CUDA out of memory. Tried to allocate 6.00 GiB."}
+    assert diff.suggest_reason(record, {"error": None}, {}, []).startswith("out of memory")
+    ours_oom = dict(record, **{"kb_error_0.0001": None, "kb_correct_0.0001": True, "kb_correct_0.01": True,
+                               "ours_kernelbench": "incorrect", "ours_kernelbench_v0": "incorrect"})
+    assert "out of memory" in diff.suggest_reason(
+        ours_oom, {"error": "Traceback ...\ntorch.OutOfMemoryError: CUDA out of memory."}, {}, [])
+    assert diff.suggest_reason(dict(record, **{"kb_error_0.0001": "Output mismatch"}), {"error": None},
+                               {}, []).startswith("unexplained")
