@@ -166,8 +166,9 @@ def run(args, params: dict) -> int:
                 _write_model_outputs(args, records, summaries[name], protocols, section, scale.name)
             else:
                 write_csv(summaries[name], out_dir / "baselines" / f"{name}.csv")
+    # the paper's name for each system, where a paper table is set beside the run
     _write_compare(args, summaries, protocols, section, paper, scale.name,
-                   {s["name"]: s.get("paper_system", "") for s in systems})
+                   {s["name"]: s.get("paper_system", "") for s in systems} if paper else {})
     for row in summaries["model"]:
         log.info("%s level %s: Exec fast_p (%s, plain) %s | robust %s | reference failed %d",
                  args.scale, row["level"], protocols[0].name,
