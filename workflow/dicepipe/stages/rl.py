@@ -1,5 +1,12 @@
-"""The edge both RL stage modules share (stages/rl_infill.py, stages/rl_e2e.py): arguments,
-reading the input checkpoint and splits, the harness session and reward, then run_rl."""
+"""The BiC-RL stages, rl_infill and rl_e2e (stages/rl_infill.py and stages/rl_e2e.py name the
+stage and its CLI subcommand): arguments, reading the input checkpoint and splits, the harness
+session and reward, then train/rl.py's run_rl.
+
+Settings: params.yaml `rl` (defaults, stages.<stage>, overrides.<scale>). Several GPUs:
+`torchrun --nproc_per_node 8 -m dicepipe.cli rl-infill ...` (FSDP). A killed run resumes
+from its last step under --work-dir. The output is the step with the best validation reward
+(metrics/<stage>/<scale>/summary.json names it).
+"""
 
 from __future__ import annotations
 
@@ -30,7 +37,7 @@ def load_tasks(settings: dict, data: str, val: str, backend: str, params: dict |
     """(training tasks, validation tasks) for the stage's prompt kind and task source."""
     from ..data.schema import RL_E2E_SCHEMA, RL_INFILL_SCHEMA, VAL_SCHEMA, read_table
     from ..errors import StageInputError
-    from .rl_tasks import tasks_from_released_json, tasks_from_split
+    from ..train.rl_tasks import tasks_from_released_json, tasks_from_split
 
     kind = settings["prompt"]
     if settings["source"] == "released":
@@ -69,13 +76,13 @@ def run_stage(args, params, stage: str) -> int:
     from ..harness import HarnessSession
     from ..harness.verdict import named_protocol
     from ..model.loading import load_saved
-    from .parallel import init_distributed
-    from .rl import RLPaths, RunOptions, run_rl
-    from .rl_reward import KernelReward
-    from .rl_tasks import encode_tasks
+    from ..train.parallel import init_distributed
+    from ..train.rl import RLPaths, RunOptions, run_rl
+    from ..train.rl_reward import KernelReward
+    from ..train.rl_tasks import encode_tasks
 
     from ..cluster import training_processes
-    from .launch import relaunch_under_torchrun
+    from ..train.launch import relaunch_under_torchrun
 
     scale = resolve_scale(params, args.scale)
     code = relaunch_under_torchrun(args, training_processes(params, args.scale),
