@@ -27,7 +27,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from dicepipe.harness import compile_steps
+from dicepipe.harness.build import compile_steps
 
 NINJA = """ninja_required_version = 1.3
 

@@ -237,7 +237,7 @@ print("RESULT " + json.dumps(out))
 def run_sequential(args, pairs: list[dict]) -> dict:
     env = dict(os.environ)
     if args.backend == "cuda":
-        from dicepipe.harness.buildspec import local_cuda_arch
+        from dicepipe.harness.build.buildspec import local_cuda_arch
 
         env.setdefault("TORCH_CUDA_ARCH_LIST", local_cuda_arch() or "9.0")
     wrong = [p for p in pairs if not p["intended_correct"]][:1]

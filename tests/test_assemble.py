@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from dicepipe.data import cuke
+from dicepipe.data import assemble
 from dicepipe.data.infill import split_for_infilling
 from dicepipe.data.prompts import end_to_end_prompt
 from dicepipe.harness.verdict import Protocol, named_protocol
@@ -58,17 +58,17 @@ def _m(speedup, correct=True, robust=True, compiled=True):
     (_m(2.0), "below_threshold"), (_m(2.01), "kept"), (_m(float("nan")), "no_speedup"),
 ])
 def test_verdicts(m, why):
-    assert cuke.verdict(m, 2.0, True, KB) == why
+    assert assemble.verdict(m, 2.0, True, KB) == why
 
 
 def test_flagged_counts_when_not_robust():
-    assert cuke.verdict(_m(3, robust=False), 2.0, False, KB) == "kept"
+    assert assemble.verdict(_m(3, robust=False), 2.0, False, KB) == "kept"
 
 
 def test_tolerance_profile_decides_without_remeasuring():
     tf32 = {**_m(3.0), "tolerance_needed": 2e-3, "output_precision": "fp32"}
-    assert cuke.verdict(tf32, 2.0, True, KB) == "incorrect"
-    assert cuke.verdict(tf32, 2.0, True, Protocol("strict_v0", "strict", 1e-2, 1e-2)) == "kept"
+    assert assemble.verdict(tf32, 2.0, True, KB) == "incorrect"
+    assert assemble.verdict(tf32, 2.0, True, Protocol("strict_v0", "strict", 1e-2, 1e-2)) == "kept"
 
 
 SETTINGS = {"speedup_threshold": 2.0, "robust": True, "val_fraction": 0.25, "min_val_samples": 1, "seed": 0}
@@ -81,7 +81,7 @@ def test_assemble_splits_and_holds_out_whole_references():
     speedups = [3.0, 1.2, 2.5, 0.8, 4.0, 2.0, 1.99, 5.0, 2.2]
     measurements = {s["sample_id"]: _m(x) for s, x in zip(samples, speedups)}
     structural = [_sample(20, source="structural", level=None)]
-    splits, stats = cuke.assemble(samples, measurements, structural, SETTINGS, KB)
+    splits, stats = assemble.assemble(samples, measurements, structural, SETTINGS, KB)
     assert stats["reasons"]["kept"] == 5 and stats["reasons"]["below_threshold"] == 4
     val_refs = {r["reference_code"] for r in splits["val"]}
     assert val_refs, "validation must not be empty"
@@ -98,14 +98,14 @@ def test_assemble_splits_and_holds_out_whole_references():
     for row in splits["rl_infill"]:
         assert row["prefix"] + row["core"] + row["suffix"] == row["candidate_code"]
     # deterministic and order-independent
-    again, _ = cuke.assemble(list(reversed(samples)), measurements, structural, SETTINGS, KB)
+    again, _ = assemble.assemble(list(reversed(samples)), measurements, structural, SETTINGS, KB)
     assert again == splits
 
 
 def test_threshold_change_changes_only_the_kept_set():
     samples = [_sample(i) for i in range(6)]
     measurements = {s["sample_id"]: _m(x) for s, x in zip(samples, [1.6, 2.1, 2.6, 3.0, 0.5, 1.0])}
-    counts = cuke.kept_at_thresholds(samples, measurements, [1.5, 2.0, 2.5], True, KB)
+    counts = assemble.kept_at_thresholds(samples, measurements, [1.5, 2.0, 2.5], True, KB)
     assert counts == {"1.5": 4, "2.0": 3, "2.5": 2}
 
 

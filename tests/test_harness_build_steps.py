@@ -12,7 +12,7 @@ import threading
 import time
 
 import pytest
-from dicepipe.harness import compile_steps, nvcc_split
+from dicepipe.harness.build import compile_steps, nvcc_split
 
 NINJA = """ninja_required_version = 1.3
 cxx = c++
@@ -195,7 +195,7 @@ def test_light_headers_leave_other_sources_alone(tmp_path, monkeypatch, text, li
 
 
 def test_only_precompiled_header_trouble_triggers_a_build_without_it():
-    from dicepipe.harness.builder import _PCH_TROUBLE
+    from dicepipe.harness.build.builder import _PCH_TROUBLE
 
     ordinary = ("In file included from <python>/torch/include/torch/extension.h:6,\n"
                 "                 from <cache>/<build>/main.cpp:1:\n"

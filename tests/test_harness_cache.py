@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from dicepipe.errors import HarnessError
 from dicepipe.harness import evaluate
-from dicepipe.harness.buildspec import normalize_spec, read_status, spec_key
+from dicepipe.harness.build.buildspec import normalize_spec, read_status, spec_key
 from test_harness_helpers import HONEST_RELU, RELU_REF, by_id, job, python_candidate, settings
 
 TOOL = {"builder": 1, "torch": "2.11.0", "cxx": "g++ 12", "cpu_flags": "abc", "nvcc": "13.0",

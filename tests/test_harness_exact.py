@@ -210,7 +210,7 @@ def test_structure_of_the_drawn_inputs_survives_every_variant(rows, name):
 
 def test_variants_keep_zeros_and_equal_values():
     import torch
-    from dicepipe.harness.correctness import VARIANTS, apply_variant
+    from dicepipe.harness.worker.correctness import VARIANTS, apply_variant
 
     torch.manual_seed(0)
     a = torch.rand(64, 64)

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from dicepipe.harness import correctness as C
 from dicepipe.harness import evaluate
+from dicepipe.harness.worker import correctness as C
 from test_harness_gpu import CUDA_KIT
 from test_harness_helpers import RELU_REF, by_id, job, settings
 

@@ -12,8 +12,8 @@ import math
 import pytest
 import torch
 from dicepipe.harness import HarnessSession, HarnessSettings, Job
-from dicepipe.harness.kb_trials import trial_seeds
 from dicepipe.harness.verdict import BUILTIN_PROTOCOLS, judge, named_protocol
+from dicepipe.harness.worker.kb_trials import trial_seeds
 
 PROTOCOLS = tuple(BUILTIN_PROTOCOLS)
 

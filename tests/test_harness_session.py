@@ -12,10 +12,10 @@ from dataclasses import fields, replace
 import pytest
 from dicepipe.errors import HarnessError
 from dicepipe.harness import FLAG_COLUMNS, HarnessSession, HarnessSettings, evaluate, hygiene
-from dicepipe.harness.buildspec import local_cuda_arch
+from dicepipe.harness.build.buildspec import local_cuda_arch
 from dicepipe.harness.gpus import nvidia_smi_selector, visible_list, worker_device_ids
-from dicepipe.harness.sandbox import scrubbed_env
 from dicepipe.harness.settings import JUDGEMENT_FIELDS, MEASUREMENT_FIELDS, OPERATIONAL_FIELDS
+from dicepipe.harness.worker.sandbox import scrubbed_env
 from test_harness_helpers import RELU_REF, by_id, job, python_candidate, reference, settings
 
 GOOD = python_candidate("return x.clamp_min(0)")

@@ -6,10 +6,11 @@ import math
 
 import pytest
 import torch
-from dicepipe.harness import correctness as C
-from dicepipe.harness.measure import MIN_INPUT_SETS, RotatingInputs, checked_calls, num_input_sets
-from dicepipe.harness.timing import balanced_order
 from dicepipe.harness.static_checks import static_flags, uses_vendor_library
+from dicepipe.harness.worker import correctness as C
+from dicepipe.harness.worker.measure import (MIN_INPUT_SETS, RotatingInputs, checked_calls,
+                                             num_input_sets)
+from dicepipe.harness.worker.timing import balanced_order
 from test_harness_static import CUDA_HONEST
 
 

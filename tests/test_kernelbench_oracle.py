@@ -32,9 +32,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from dicepipe.harness import kb_trials
-from dicepipe.harness.correctness import allclose_tolerance, output_precision
 from dicepipe.harness.verdict import judge, named_protocol
+from dicepipe.harness.worker import kb_trials
+from dicepipe.harness.worker.correctness import allclose_tolerance, output_precision
 from torch import nn
 
 REPO_ROOT = Path(__file__).resolve().parent.parent

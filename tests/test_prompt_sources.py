@@ -221,7 +221,7 @@ class ModelNew(nn.Module):
 def test_a_source_prompt_reaches_sft_verbatim():
     """CuKe's prompt/response JSON: the prompt is kept as the source wrote it (SFT trains on
     it); a source without prompts gets the project's wording."""
-    from dicepipe.data import cuke
+    from dicepipe.data import assemble
     from dicepipe.data.prompts import end_to_end_prompt
     from dicepipe.harness.verdict import named_protocol
     from dicepipe.stages.ingest import normalise_record
@@ -234,7 +234,7 @@ def test_a_source_prompt_reaches_sft_verbatim():
     assert why is None and sample["prompt"] == prompt
     bare = dict(sample, sample_id="other", prompt=None, reference_code=_REFERENCE + "# b\n")
     measured = {"compiled": True, "correct": True, "correct_robust": True, "speedup_median": 3.0}
-    splits, _ = cuke.assemble([sample, bare], {s["sample_id"]: measured for s in (sample, bare)}, [],
+    splits, _ = assemble.assemble([sample, bare], {s["sample_id"]: measured for s in (sample, bare)}, [],
                               {"speedup_threshold": 2.0, "robust": False, "val_fraction": 0.0,
                                "min_val_samples": 0, "seed": 0}, named_protocol("strict"))
     prompts = {row["sample_id"]: row["prompt"] for row in splits["sft"]}

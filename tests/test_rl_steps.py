@@ -124,7 +124,7 @@ def test_stage_rewards_real_kernels_and_updates_on_them(repo_root, params, tmp_p
     import torch
     import yaml
     from dicepipe.cli import main
-    from dicepipe.data.cuke import estimate_level
+    from dicepipe.data.assemble import estimate_level
     from dicepipe.data.prompts import end_to_end_prompt
     from dicepipe.data.schema import RL_E2E_SCHEMA, VAL_SCHEMA, write_table
     from dicepipe.model.loading import build_tiny, save_model

@@ -49,7 +49,7 @@ def _resolve_relative(current: str, is_package: bool, level: int, module: str | 
 def direct_imports(path: Path, package_dir: Path = PACKAGE_DIR) -> set[str]:
     """Package modules a file imports anywhere in its body (function-local imports count: a
     stage imports torch-heavy code inside `run`), plus modules it starts by name
-    (`python -m dicepipe.harness.worker_main` as a string constant)."""
+    (`python -m dicepipe.harness.worker.main` as a string constant)."""
     name = _module_name(path, package_dir)
     is_package = path.name == "__init__.py"
     found: set[str] = set()

@@ -56,7 +56,7 @@ SFT_SCHEMA = pa.schema(
 RL_INFILL_SCHEMA = pa.schema(
     [
         pa.field("sample_id", pa.string(), nullable=False),
-        # curriculum: the source's level, else data/cuke.estimate_level of the reference
+        # curriculum: the source's level, else data/assemble.estimate_level of the reference
         pa.field("level", pa.int32(), nullable=False),
         pa.field("reference_code", pa.string(), nullable=False),
         pa.field("candidate_code", pa.string(), nullable=False),

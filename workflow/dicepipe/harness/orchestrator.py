@@ -28,8 +28,8 @@ from pathlib import Path
 
 from ..errors import HarnessError
 from . import hygiene
-from .buildspec import normalize_spec, spec_key, toolchain_fingerprint
-from .compile_steps import SLOTS_ENV
+from .build.buildspec import normalize_spec, spec_key, toolchain_fingerprint
+from .build.compile_steps import SLOTS_ENV
 from .gpus import ENV as VISIBLE_ENV
 from .gpus import visible_count, worker_device_ids
 from .pools import BuildService, ExtractService, WorkerPool

@@ -15,7 +15,7 @@ import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
-from .buildspec import normalize_spec, read_status, spec_key
+from .build.buildspec import normalize_spec, read_status, spec_key
 from .workerproc import WorkerProcess
 
 

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 import pyarrow as pa
 
 from ..errors import HarnessError
-from .buildspec import toolchain_fingerprint
+from .build.buildspec import toolchain_fingerprint
 from .orchestrator import Batch
 from .results import RESULT_SCHEMA, ResultStore, finish_row, rows_to_table
 from .settings import HarnessSettings, Job

@@ -6,12 +6,12 @@ fast_p, and the RL reward. A row is judged, never re-measured: it carries what e
 protocol needs, so any protocol or threshold applies to rows measured once.
 
 A protocol (params.yaml `protocols`) names a check and its tolerances:
-- check `kernelbench`: KernelBench's own trials (harness/kb_trials.py: as-drawn inputs, its
+- check `kernelbench`: KernelBench's own trials (harness/worker/kb_trials.py: as-drawn inputs, its
   seeds, `torch.allclose(atol=rtol=t)`); correct when the row compiled and each of the
   protocol's first `trials` trials needed at most the tolerance for the output's precision
   (`kernelbench`: 5 trials, fp32 1e-4; `kernelbench_v0`: 5 trials, 1e-2, the paper's and
   the release's evaluation; `release_reward`: 1 trial, 1e-2, what BiC-RL rewarded);
-- check `strict`: the harness's own (harness/trials.py): varied input distributions, a
+- check `strict`: the harness's own (harness/worker/trials.py): varied input distributions, a
   tolerance relative to the output's range, exact non-float outputs, the memory scrub and
   the checked timed outputs: correct when the row is `correct` (all of that within
   `harness.max_tolerance`) and `tolerance_needed` is within the protocol's tolerance.

@@ -1,6 +1,6 @@
 """The orchestrator's handle on one sandboxed worker process (spawn, ask, kill, restart).
 
-A worker is a fresh `python -m dicepipe.harness.worker_main` with a scrubbed environment, its
+A worker is a fresh `python -m dicepipe.harness.worker.main` with a scrubbed environment, its
 own session (so a kill takes every process it made) and its own folder. Each request has a
 deadline that the worker's phase messages move forward; past it, or when the process's memory
 passes the limit, the whole process group is killed and the caller gets a failure reply, and
@@ -23,7 +23,7 @@ from pathlib import Path
 
 from . import hygiene
 from .protocol import Channel, ChannelClosed
-from .sandbox import scrubbed_env
+from .worker.sandbox import scrubbed_env
 
 log = logging.getLogger(__name__)
 PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])
@@ -74,7 +74,7 @@ class WorkerProcess:
         with open(self.folder / "worker.log", "ab") as log_file:
             self.proc = _SPAWNER.submit(
                 subprocess.Popen,
-                [sys.executable, "-m", "dicepipe.harness.worker_main", json.dumps(config)],
+                [sys.executable, "-m", "dicepipe.harness.worker.main", json.dumps(config)],
                 stdin=subprocess.DEVNULL, stdout=log_file, stderr=subprocess.STDOUT, env=env,
                 cwd=self.folder, pass_fds=(to_child_r, from_child_w), start_new_session=True,
                 close_fds=True).result()

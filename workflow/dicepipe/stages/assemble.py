@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from ..data import cuke
+from ..data.assemble import assemble, kept_at_thresholds
 from ..data.schema import (RL_E2E_SCHEMA, RL_INFILL_SCHEMA, SAMPLE_SCHEMA, SFT_SCHEMA, VAL_SCHEMA,
                            read_parquet, read_table, write_table)
 from ..errors import StageInputError
@@ -50,8 +50,8 @@ def run(args, params: dict) -> int:
     measurements = _read_measurements(args.measurements)
     structural = read_table(args.structural, SAMPLE_SCHEMA).to_pylist()
     protocol = named_protocol(settings["protocol"], params["protocols"])
-    splits, stats = cuke.assemble(samples, measurements, structural, settings, protocol)
-    stats["kept_at_thresholds"] = cuke.kept_at_thresholds(
+    splits, stats = assemble(samples, measurements, structural, settings, protocol)
+    stats["kept_at_thresholds"] = kept_at_thresholds(
         samples, measurements, sorted({*params["verify"]["decision_thresholds"], settings["speedup_threshold"]}),
         settings["robust"], protocol)
     out = Path(args.out_dir)

@@ -4,24 +4,13 @@
         --data data/cuke/seed/rl_e2e.parquet --val data/cuke/seed/val.parquet \\
         --out models/rl_e2e/tiny --metrics metrics/rl_e2e/tiny
 
-Settings: params.yaml `rl` (defaults, stages.rl_e2e, overrides.<scale>). Several GPUs:
-`torchrun --nproc_per_node 8 -m dicepipe.cli rl-e2e ...` (FSDP). A killed run resumes
-from its last step under --work-dir. The output is the step with the best validation reward
-(metrics/rl_e2e/<scale>/summary.json names it).
+The stage itself (settings, several GPUs, resuming) is stages/rl.py; params.yaml `rl.stages.rl_e2e`.
 """
 
 from __future__ import annotations
 
-STAGE = "rl_e2e"
+from functools import partial
 
+from .rl import add_arguments, run_stage  # noqa: F401  (the CLI reads add_arguments here)
 
-def add_arguments(parser) -> None:
-    from ..train.rl_stage import add_arguments as shared
-
-    shared(parser)
-
-
-def run(args, params) -> int:
-    from ..train.rl_stage import run_stage
-
-    return run_stage(args, params, STAGE)
+run = partial(run_stage, stage="rl_e2e")

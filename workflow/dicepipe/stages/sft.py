@@ -20,21 +20,14 @@ log = logging.getLogger(__name__)
 
 
 def add_arguments(parser) -> None:
-    parser.add_argument("--scale", required=True, help="scale name under params.yaml 'scales'")
-    parser.add_argument("--data", required=True, help="sft split (parquet, SFT_SCHEMA)")
-    parser.add_argument("--out", required=True, help="output model folder")
-    parser.add_argument("--metrics", required=True, help="metrics folder (steps.tsv, summary.json)")
-    parser.add_argument("--work-dir", default=None,
-                        help="checkpoints for resuming (default: <out>.work; removed after success)")
-    parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
+    from ..train.launch import add_training_arguments
+
+    add_training_arguments(parser, {"--data": "sft split (parquet, SFT_SCHEMA)"},
+                           out="output model folder",
+                           metrics="metrics folder (steps.tsv, summary.json)",
+                           steps="optimizer steps")
     parser.add_argument("--download", action="store_true",
                         help="allow downloading a hub checkpoint missing from the local cache")
-    parser.add_argument("--keep-checkpoints", action="store_true")
-    parser.add_argument("--launch", choices=("auto", "torchrun"), default="auto",
-                        help="auto: through torchrun when the scale's gpus > 1; torchrun: always "
-                             "(one rank when gpus is 1, to check the launch)")
-    parser.add_argument("--stop-after-steps", type=int, default=None,
-                        help="checkpoint and exit after this many optimizer steps (testing resume)")
 
 
 def _load_model(spec: dict, name: str, prompts, responses, env):
@@ -57,19 +50,17 @@ def _load_model(spec: dict, name: str, prompts, responses, env):
 
 
 def run(args, params) -> int:
-    from ..cluster import training_processes
     from ..config import resolve_scale, sft_settings
     from ..data.schema import SFT_SCHEMA, read_table
     from ..errors import StageInputError
     from ..model.loading import resolve_checkpoint
     from ..train.data import prepare_sft_data
-    from ..train.launch import relaunch_under_torchrun
+    from ..train.launch import relaunch_stage
     from ..train.parallel import init_distributed
     from ..train.sft import RunOptions, SFTPaths, run_sft, with_defaults
 
     scale = resolve_scale(params, args.scale)
-    code = relaunch_under_torchrun(args, training_processes(params, args.scale),
-                                   force=getattr(args, "launch", "auto") == "torchrun")
+    code = relaunch_stage(args, params)
     if code is not None:
         return code
     settings = with_defaults(sft_settings(params, args.scale))

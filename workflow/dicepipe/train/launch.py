@@ -4,9 +4,10 @@ torchrun (`python -m torch.distributed.run --standalone --nproc_per_node N -m di
 already. Snakemake, DVC and SLURM then see one command, as with one process; the ranks find
 each other through torchrun's environment (dicepipe.train.parallel.init_distributed).
 
-Every training stage (sft, rl_infill, rl_e2e) starts its `run` with
+Every training stage (sft, rl_infill, rl_e2e) declares its arguments with `add_training_arguments`
+and starts its `run` with
 
-    code = relaunch_under_torchrun(args, training_processes(params, args.scale))
+    code = relaunch_stage(args, params)
     if code is not None:
         return code
 """
@@ -77,3 +78,33 @@ def relaunch_under_torchrun(args, nproc: int, force: bool = False) -> int | None
     env = dict(os.environ)
     env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc)))
     return subprocess.run(command, env=env, check=False).returncode
+
+
+def add_training_arguments(parser, inputs: dict[str, str], out: str, metrics: str,
+                           steps: str = "steps") -> None:
+    """The command line every training stage shares: its scale, its inputs (flag: help), the
+    folders its model and metrics go to, then how it runs: where its checkpoints for resuming
+    go, its device, how it starts (--launch) and when it stops early."""
+    parser.add_argument("--scale", required=True, help="scale name under params.yaml 'scales'")
+    for flag, text in inputs.items():
+        parser.add_argument(flag, required=True, help=text)
+    parser.add_argument("--out", required=True, help=out)
+    parser.add_argument("--metrics", required=True, help=metrics)
+    parser.add_argument("--work-dir", default=None,
+                        help="checkpoints for resuming (default: <out>.work; removed after success)")
+    parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
+    parser.add_argument("--keep-checkpoints", action="store_true")
+    parser.add_argument("--launch", choices=("auto", "torchrun"), default="auto",
+                        help="auto: through torchrun when the scale's gpus > 1; torchrun: always "
+                             "(one rank when gpus is 1, to check the launch)")
+    parser.add_argument("--stop-after-steps", type=int, default=None,
+                        help=f"checkpoint and exit after this many {steps} (testing resume)")
+
+
+def relaunch_stage(args, params: dict) -> int | None:
+    """`relaunch_under_torchrun` with the scale's training processes (params.yaml
+    scales.<scale>.gpus), forced by `--launch torchrun`."""
+    from ..cluster import training_processes
+
+    return relaunch_under_torchrun(args, training_processes(params, args.scale),
+                                   force=getattr(args, "launch", "auto") == "torchrun")

@@ -74,7 +74,7 @@ def task_schedule(num_tasks: int, steps: int, per_step: int, ramp_steps: int, se
 def tasks_from_split(rows: list[dict], kind: str, backend: str) -> list[Task]:
     """Tasks from an assembled split's rows. `kind` picks the prompt: `e2e` reads `prompt`,
     `infill` reads `infill_prompt` when the rows carry one (val), else `prompt`."""
-    from ..data.cuke import estimate_level
+    from ..data.assemble import estimate_level
 
     if kind not in PROMPT_KINDS:
         raise StageInputError(f"prompt kind {kind!r}: expected one of {PROMPT_KINDS}")

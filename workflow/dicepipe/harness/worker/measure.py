@@ -22,9 +22,9 @@ import random
 
 import torch
 
+from ..stats import run_repeats
 from . import correctness as C
 from .loader import CallCounter
-from .stats import run_repeats
 from .timing import Clock, measure_graphs, measure_interleaved, measure_kernelbench_style
 
 MAX_INPUT_SETS = 8

@@ -1,4 +1,4 @@
-"""Entry point of every harness worker: `python -m dicepipe.harness.worker_main CONFIG_JSON`.
+"""Entry point of every harness worker: `python -m dicepipe.harness.worker.main CONFIG_JSON`.
 
 Roles:
   extract  runs candidate files with load_inline recorded (no GPU, no new processes);
@@ -96,8 +96,8 @@ def _init_device(device: str) -> None:
 
 
 def _serve_device(cfg: dict, channel) -> None:
+    from ..hygiene import memory_report
     from .device_job import run_job, run_probe
-    from .hygiene import memory_report
 
     ctx = DeviceContext(cfg, channel)
     while True:
@@ -145,8 +145,8 @@ def _serve_extract(cfg: dict, channel) -> None:
 
 
 def _serve_build(cfg: dict, channel) -> None:
-    from .builder import build_spec
-    from .compile_steps import set_wait_hook
+    from ..build.builder import build_spec
+    from ..build.compile_steps import set_wait_hook
 
     cache = Path(cfg["cache_dir"])
     # Queued, not stuck: each message moves this build's deadline forward (see compile_steps).
@@ -167,7 +167,7 @@ def main() -> None:
     cfg = json.loads(sys.argv[1])
     faulthandler.enable()
     applied = _apply_early(cfg)
-    from .protocol import Channel
+    from ..protocol import Channel
 
     channel = Channel(cfg["read_fd"], cfg["write_fd"])
     if cfg["role"] == "device":
@@ -179,7 +179,7 @@ def main() -> None:
         os.nice(10)  # builds and extraction yield the CPU to timed work
     ready = {"op": "ready", "sandbox": ",".join(applied), "pid": os.getpid()}
     if cfg["role"] == "device":  # the baseline a job's leftovers are measured against
-        from .hygiene import memory_report
+        from ..hygiene import memory_report
 
         ready["memory"] = memory_report(cfg["device"])
     channel.send(ready)

@@ -8,7 +8,7 @@ reused. Every module handed to the candidate is a call-counting stand-in.
 
 from __future__ import annotations
 
-from .buildspec import module_name, read_status, so_path, spec_key
+from ..build.buildspec import module_name, read_status, so_path, spec_key
 from .loader import CallCounter, counting_module, import_extension
 
 

@@ -28,12 +28,12 @@ import traceback
 import torch
 
 from .correctness import cuda_context_broken
+from .extensions import BuildFailedError, ExtensionResolver
 from .guards import TamperGuard
 from .kb_trials import KERNELBENCH_SEED, run_kernelbench_trials
 from .loader import CallCounter, exec_module, forget_module, intercept_load_inline
 from .measure import TIMING_COLUMNS, run_timing
 from .trials import ReferenceFailed, check_correctness, post_timing_check, probe_reference
-from .worker_ext import BuildFailedError, ExtensionResolver
 
 CUDA_FATAL = ("CUDA error", "illegal memory access", "device-side assert", "CUBLAS_STATUS",
               "unspecified launch failure", "misaligned address", "an illegal instruction")

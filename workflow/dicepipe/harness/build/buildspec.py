@@ -20,7 +20,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from ..errors import HarnessError
+from ...errors import HarnessError
 
 # Bumped whenever the way builds are made changes, so no stale (or stale failed) build is reused.
 BUILDER_VERSION = 1
@@ -126,7 +126,7 @@ def _cpu_flags_digest() -> str:
 
 def local_cuda_arch() -> str | None:
     """The visible GPUs' compute capabilities ("9.0" or "8.0;9.0") without a CUDA context here."""
-    from .gpus import ENV, nvidia_smi_selector
+    from ..gpus import ENV, nvidia_smi_selector
 
     exe = shutil.which("nvidia-smi")
     selector = nvidia_smi_selector(os.environ.get(ENV))  # only the GPUs this process may use

@@ -1,5 +1,12 @@
-"""The edge both RL stage modules share (stages/rl_infill.py, stages/rl_e2e.py): arguments,
-reading the input checkpoint and splits, the harness session and reward, then run_rl."""
+"""The BiC-RL stages, rl_infill and rl_e2e (stages/rl_infill.py and stages/rl_e2e.py name the
+stage and its CLI subcommand): arguments, reading the input checkpoint and splits, the harness
+session and reward, then train/rl.py's run_rl.
+
+Settings: params.yaml `rl` (defaults, stages.<stage>, overrides.<scale>). Several GPUs:
+`torchrun --nproc_per_node 8 -m dicepipe.cli rl-infill ...` (FSDP). A killed run resumes
+from its last step under --work-dir. The output is the step with the best validation reward
+(metrics/<stage>/<scale>/summary.json names it).
+"""
 
 from __future__ import annotations
 
@@ -10,27 +17,22 @@ log = logging.getLogger(__name__)
 
 
 def add_arguments(parser) -> None:
-    parser.add_argument("--scale", required=True, help="scale name under params.yaml 'scales'")
-    parser.add_argument("--model", required=True, help="input checkpoint folder (the previous stage's)")
-    parser.add_argument("--data", required=True, help="training split (parquet)")
-    parser.add_argument("--val", required=True, help="held-out validation split (parquet) for model selection")
-    parser.add_argument("--out", required=True, help="output model folder (the selected checkpoint)")
-    parser.add_argument("--metrics", required=True, help="metrics folder (steps.tsv, val.tsv, summary.json)")
-    parser.add_argument("--work-dir", default=None,
-                        help="checkpoints for resuming (default: <out>.work; removed after success)")
-    parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
-    parser.add_argument("--keep-checkpoints", action="store_true")
-    parser.add_argument("--launch", choices=("auto", "torchrun"), default="auto",
-                        help="auto: through torchrun when the scale's gpus > 1; torchrun: always")
-    parser.add_argument("--stop-after-steps", type=int, default=None,
-                        help="checkpoint and exit after this many steps (testing resume)")
+    from ..train.launch import add_training_arguments
+
+    add_training_arguments(
+        parser,
+        {"--model": "input checkpoint folder (the previous stage's)",
+         "--data": "training split (parquet)",
+         "--val": "held-out validation split (parquet) for model selection"},
+        out="output model folder (the selected checkpoint)",
+        metrics="metrics folder (steps.tsv, val.tsv, summary.json)")
 
 
 def load_tasks(settings: dict, data: str, val: str, backend: str, params: dict | None = None):
     """(training tasks, validation tasks) for the stage's prompt kind and task source."""
     from ..data.schema import RL_E2E_SCHEMA, RL_INFILL_SCHEMA, VAL_SCHEMA, read_table
     from ..errors import StageInputError
-    from .rl_tasks import tasks_from_released_json, tasks_from_split
+    from ..train.rl_tasks import tasks_from_released_json, tasks_from_split
 
     kind = settings["prompt"]
     if settings["source"] == "released":
@@ -69,17 +71,14 @@ def run_stage(args, params, stage: str) -> int:
     from ..harness import HarnessSession
     from ..harness.verdict import named_protocol
     from ..model.loading import load_saved
-    from .parallel import init_distributed
-    from .rl import RLPaths, RunOptions, run_rl
-    from .rl_reward import KernelReward
-    from .rl_tasks import encode_tasks
-
-    from ..cluster import training_processes
-    from .launch import relaunch_under_torchrun
+    from ..train.launch import relaunch_stage
+    from ..train.parallel import init_distributed
+    from ..train.rl import RLPaths, RunOptions, run_rl
+    from ..train.rl_reward import KernelReward
+    from ..train.rl_tasks import encode_tasks
 
     scale = resolve_scale(params, args.scale)
-    code = relaunch_under_torchrun(args, training_processes(params, args.scale),
-                                   force=getattr(args, "launch", "auto") == "torchrun")
+    code = relaunch_stage(args, params)
     if code is not None:
         return code
     settings = rl_settings(params, stage, args.scale)

@@ -1,4 +1,5 @@
-"""CuKe assembly as pure functions: verdicts, threshold, held-out split and the four splits.
+"""CuKe assembly, the assemble stage's work (stages/assemble.py reads and writes its tables),
+as pure functions: verdicts, threshold, held-out split and the four splits.
 
 A corpus sample is kept for SFT when its measured kernel is correct under the chosen
 tolerance protocol (robust verdict by default) and its median speedup over PyTorch eager is

@@ -17,7 +17,7 @@ import types
 from collections.abc import Callable
 from pathlib import Path
 
-from .buildspec import normalize_spec
+from ..build.buildspec import normalize_spec
 
 _TARGETS = ("load_inline", "load")
 
