@@ -137,8 +137,9 @@ def test_evaluate_stage_with_model_and_folder_baselines(repo_root, tmp_path, mon
 
     torch.manual_seed(0)
     params = yaml.safe_load((repo_root / "params.yaml").read_text())
-    params["harness"].update(correct_trials=2, warmup_trials=1, timing_trials=10,
-                             timing_trials_cpu=10, cache_dir=str(build_cache_dir))
+    params["harness"]["measure"].update(correct_trials=2, warmup_trials=1, timing_trials=10,
+                                        timing_trials_cpu=10)
+    params["harness"]["run"]["cache_dir"] = str(build_cache_dir)
     params["benchmarks"]["seed"].update(path=str(repo_root / "data/seed/benchmark"),
                                         tasks=["L1/1_Sigmoid", "L2/3"])
     params["evaluate"]["overrides"]["tiny"].update(max_new_tokens=1024, samples=2, temperature=1.0)
@@ -214,10 +215,13 @@ def test_hub_benchmark_reads_each_level_split(monkeypatch):
 
 def test_generation_resumes_from_its_journal(repo_root, tmp_path):
     """Finished batches are journaled; a second run with the same journal decodes nothing."""
+    from dicepipe.config import schema_defaults
     from dicepipe.evaluation.generate import GenerationSettings, generate_texts, load_generator
 
     _save_tiny_block_model(tmp_path / "m", repo_root)
-    settings = GenerationSettings(max_new_tokens=8, batch_size=2, dtype="fp32", compile=False)
+    settings = GenerationSettings.from_params(
+        {**schema_defaults("evaluate", "defaults"), "max_new_tokens": 8, "batch_size": 2,
+         "dtype": "fp32", "compile": False}, "test")
     gen = load_generator(str(tmp_path / "m"), "m", settings)
     prompts = ["add two tensors", "relu", "softmax over rows"]
     journal = tmp_path / "gen.jsonl"

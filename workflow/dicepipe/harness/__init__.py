@@ -7,7 +7,7 @@ job; `HarnessSession(settings)` does the same for many calls with its workers ke
 (session.py). See orchestrator.py for the flow, and the modules it names for each part.
 """
 
-from .session import HarnessSession, evaluate
+from .session import HarnessSession, evaluate, stored_results
 from .results import DYNAMIC_FLAGS, FLAG_COLUMNS, RESULT_SCHEMA, STATIC_FLAGS
 from .settings import HarnessSettings, Job
 
@@ -20,4 +20,5 @@ __all__ = [
            "HarnessSettings",
            "Job",
            "evaluate",
+           "stored_results",
 ]
