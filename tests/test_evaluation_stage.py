@@ -144,18 +144,20 @@ def test_evaluate_stage_with_model_and_folder_baselines(repo_root, tmp_path, mon
                                         tasks=["L1/1_Sigmoid", "L2/3"])
     params["evaluate"]["overrides"]["tiny"].update(max_new_tokens=1024, samples=2, temperature=1.0)
     params["evaluate"]["pass_k"] = [1, 2]
-    params["baselines"]["tiny"] = [{"name": "gpt2", "model": str(tmp_path / "gpt2")},
-                                   {"name": "copies", "folder": "copies"}]
+    # inside scales.tiny.baselines (data/baselines/tiny), the folder evaluate@tiny tracks
+    home = params["scales"]["tiny"]["baselines"]
+    params["baselines"]["tiny"] = [{"name": "gpt2", "model": f"{home}/gpt2"},
+                                   {"name": "copies", "folder": f"{home}/copies"}]
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
     monkeypatch.chdir(tmp_path)
     _save_tiny_block_model(tmp_path / "models/sft/tiny", repo_root)
-    _save_causal_baseline(tmp_path / "gpt2")
+    _save_causal_baseline(tmp_path / home / "gpt2")
     assert main(["benchmark", "--name", "seed", "--out", "data/benchmark/seed.parquet"]) == 0
     tasks = pq.read_table("data/benchmark/seed.parquet").to_pylist()
     layer_norm_relu = next(t["reference_code"] for t in tasks if t["task_id"].startswith("L2/3"))
     _scripted_model(monkeypatch, ScriptedAuthor({sigmoid_reference(): (sigmoid_kernel(), [RIGHT, WRONG_VALUES]),
                                                  layer_norm_relu: (None, [NO_CODE])}))
-    write_reference_copies(tasks, tmp_path / "copies")
+    write_reference_copies(tasks, tmp_path / home / "copies")
     args = ["evaluate", "--scale", "tiny", "--model", "models/sft/tiny",
             "--benchmark", "data/benchmark/seed.parquet", "--out-dir", "results/kernelbench_tiny",
             "--summary", "results/kernelbench_tiny.csv",
