@@ -121,7 +121,8 @@ def test_scale_names_have_no_dots_so_dvc_can_track_each_scale(raw, params):
 @pytest.mark.parametrize("edit, rule", [
     (lambda p: p["assemble"].__setitem__("speedup_threshold", -1), "must be greater than 0"),
     (lambda p: p["verify"].__setitem__("repeats", 50), "must be at most 20"),
-    (lambda p: p["harness"]["measure"].__setitem__("correct_trials", 1.5), "must be a whole number"),
+    (lambda p: p["harness"]["measure"].__setitem__("correct_trials", 1.5),
+     "must be a whole number"),
     (lambda p: p["augment"].__setitem__("author", "human"), "must be one of"),
 ])
 def test_messages_name_the_rule_the_value_breaks(raw, edit, rule):

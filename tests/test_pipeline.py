@@ -233,7 +233,8 @@ def test_snakemake_reruns_nothing_for_run_only_harness_settings(snake_workspace,
 
 
 def test_snakemake_reruns_verify_and_what_follows_for_a_measurement_setting(snake_workspace):
-    with edited_params(snake_workspace, lambda p: p["harness"]["measure"].__setitem__("correct_trials", 3)):
+    with edited_params(snake_workspace,
+                       lambda p: p["harness"]["measure"].__setitem__("correct_trials", 3)):
         assert snakemake_would_run(snake_workspace) == {
             "verify", "verify_gather", "augment", "assemble", "sft", "rl_infill", "rl_e2e",
             "evaluate"}

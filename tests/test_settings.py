@@ -85,8 +85,9 @@ def test_every_settings_object_from_empty_sections_takes_the_schemas_defaults(mi
     # and what the stages build from them
     assert generate_tasks(minimal["augment"], "cpu")
     assert make_author(minimal["augment"], "cpu").name == "templates"
-    verify = HarnessSettings.from_params(minimal["harness"], repeats=minimal["verify"]["repeats"],
-                                         decision_thresholds=minimal["verify"]["decision_thresholds"])
+    section = minimal["verify"]
+    verify = HarnessSettings.from_params(minimal["harness"], repeats=section["repeats"],
+                                         decision_thresholds=section["decision_thresholds"])
     assert verify.repeats == 5 and verify.decision_thresholds == (1.5, 2.0, 2.5)
 
 

@@ -6,8 +6,9 @@ tasks still open, up to `augment.attempts` rounds.
 Resume. Drafts are journalled (draft_journal.jsonl in the work folder, keyed by the
 author's fingerprint, the task and the attempt) and harness rows go to the harness's own
 results file (one per measuring setup: harness.stored_results), whose job ids carry a hash of
-the candidate; a re-run after a kill asks the author and the harness only for what is missing. Transient author failures (timeouts,
-refused connections, HTTP errors) are not journalled, so a re-run asks again."""
+the candidate; a re-run after a kill asks the author and the harness only for what is missing.
+Transient author failures (timeouts, refused connections, HTTP errors) are not journalled, so a
+re-run asks again."""
 
 from __future__ import annotations
 

@@ -111,13 +111,15 @@ class HarnessSettings:
             raise HarnessError(f"harness.measure.max_tolerance={self.max_tolerance}: expected a "
                                "tolerance in [0, 1) (0.01 admits every shipped profile).")
         if self.kernelbench_trials < 0:
-            raise HarnessError(f"harness.measure.kernelbench_trials={self.kernelbench_trials}: expected "
-                               ">= 0 (5 as KernelBench's scripts; 0 skips its protocol).")
+            raise HarnessError(f"harness.measure.kernelbench_trials={self.kernelbench_trials}: "
+                               "expected >= 0 (5 as KernelBench's scripts; 0 skips its "
+                               "protocol).")
         if self.timing_gate not in TIMING_GATES:
             raise HarnessError(f"harness timing_gate={self.timing_gate!r}: expected one of "
                                f"{TIMING_GATES}.")
         if self.cpu_clock not in ("wall", "cpu"):
-            raise HarnessError(f"harness.measure.cpu_clock={self.cpu_clock!r}: expected 'wall' or 'cpu'.")
+            raise HarnessError(f"harness.measure.cpu_clock={self.cpu_clock!r}: expected 'wall' "
+                               "or 'cpu'.")
         if self.cpu_threads < 0:
             raise HarnessError(f"harness.measure.cpu_threads={self.cpu_threads}: expected >= 0 "
                                "(0 = torch's default, one per core).")
