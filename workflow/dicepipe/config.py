@@ -9,6 +9,7 @@ the schema cannot express (a scale's corpus must exist, ...).
 from __future__ import annotations
 
 import copy
+import functools
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -22,7 +23,20 @@ DEFAULT_PARAMS = Path("params.yaml")
 
 
 def load_schema() -> dict:
-    with open(SCHEMA_PATH) as fh:
+    """The schema, as a dict of the caller's own."""
+    return copy.deepcopy(_schema())
+
+
+def _schema() -> dict:
+    """The schema, read once per version of the file (validation, the resolver and
+    schema_defaults ask for it many times per command); never modified by its readers."""
+    stat = SCHEMA_PATH.stat()
+    return _read_schema(str(SCHEMA_PATH), stat.st_mtime_ns, stat.st_size)
+
+
+@functools.lru_cache(maxsize=4)
+def _read_schema(path: str, mtime_ns: int, size: int) -> dict:
+    with open(path) as fh:
         return yaml.safe_load(fh)
 
 
@@ -57,7 +71,7 @@ def validate_params(params: dict, source: str = "params.yaml") -> dict:
     """Validate against the schema and cross-check references; return a copy with defaults."""
     import jsonschema
 
-    schema = load_schema()
+    schema = _schema()
     validator = jsonschema.Draft202012Validator(schema)
     errors = sorted(validator.iter_errors(params), key=lambda e: list(e.absolute_path))
     if errors:
@@ -78,7 +92,7 @@ def schema_error_message(err, source: str, others: int = 0, root: dict | None = 
     key = _key_path(err)
     more = f" (and {others} more problems)" if others else ""
     if err.validator in ("additionalProperties", "unevaluatedProperties"):
-        root = root or load_schema()
+        root = root or _schema()
         allowed = sorted(_property_names(err.schema, root))
         unknown = sorted(set(err.instance) - set(allowed))
         moved = _moved(key, unknown, err.schema, root)
@@ -424,7 +438,7 @@ def stage_settings(params: dict, section: str, *, stage: str | None = None,
     `defaults`, then `<section>.stages.<stage>` (rl), then `<section>.overrides.<scale>`.
     (A section without layers, such as `augment` or `harness`, is its values over the
     schema's defaults, which load_params fills in.) Returns a new dict."""
-    root = load_schema()
+    root = _schema()
     node = _resolve(root["properties"].get(section, {}), root)
     if "defaults" not in node.get("properties", {}):
         raise ConfigError(f"params.yaml section {section!r} has no defaults/overrides layers. "
@@ -469,7 +483,7 @@ def lookup(params: dict, dotted: str):
 def schema_defaults(*path: str) -> dict:
     """The defaults the schema gives the object at `path` (property names from the top), e.g.
     schema_defaults("sft", "defaults"): code that needs a default asks here, never hard-codes one."""
-    root = load_schema()
+    root = _schema()
     node = root
     for name in path:
         node = _resolve(node, root)["properties"][name]
