@@ -150,7 +150,7 @@ def main() -> int:
                              time.monotonic() - start)
                 break
             rows, _kept = run_attempts(tasks, TemplateAuthor(), dict(settings, attempts=attempts),
-                                       harness, work, robust=bool(params["harness"]["robust"]))
+                                       harness, work, robust=bool(settings["robust"]))
     except Exception:
         logging.exception("the harness failed; falling back to the direct check")
         rows, method = direct_check(tasks, work), "direct"

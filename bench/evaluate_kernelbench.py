@@ -107,6 +107,7 @@ def _folder_report(records, summary, wall_s: float) -> dict:
 
 def run_generate(args) -> dict:
     import torch
+    from dicepipe.config import stage_settings
     from dicepipe.data.prompts import end_to_end_prompt
     from dicepipe.evaluation.generate import GenerationSettings, Generator, generate_texts
     from dicepipe.model.decode import Decoder, DecodeSettings
@@ -130,7 +131,7 @@ def run_generate(args) -> dict:
                           pad_token_id=int(tokenizer.pad_token_id),
                           stop_token_ids=stop_token_ids(tokenizer, chat_format(tokenizer)))
     gen = Generator("block", model, tokenizer, block, Decoder(model, block, compile_layers=cuda))
-    values = dict(params["evaluate"]["defaults"], **params["evaluate"]["overrides"].get("8b", {}))
+    values = stage_settings(params, "evaluate", scale="8b")
     values.update({k: v for k, v in (("batch_size", args.batch_size),
                                      ("max_new_tokens", args.max_new_tokens)) if v})
     settings = GenerationSettings.from_params(values, "evaluate (8b)")

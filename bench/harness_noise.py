@@ -207,8 +207,8 @@ def main() -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     if args.numel is None:
         args.numel = 2**25 if args.backend == "cuda" else 2**20
-    base = HarnessSettings(cache_dir=args.cache_dir, build_workers=2, use_pch=False,
-                           cpu_clock=args.cpu_clock, cpu_threads=args.cpu_threads)
+    base = HarnessSettings.with_defaults(cache_dir=args.cache_dir, build_workers=2, use_pch=False,
+                                         cpu_clock=args.cpu_clock, cpu_threads=args.cpu_threads)
     trials_key = "timing_trials_cpu" if args.backend == "cpu" else "timing_trials"
     if args.timing_trials is not None:
         base = dataclasses.replace(base, **{trials_key: args.timing_trials})

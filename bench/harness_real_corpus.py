@@ -250,7 +250,7 @@ def main() -> None:
                         help="kernels per session call (0: all in one call, builds fully "
                              "pipelined; a kill still keeps every finished row in the journal)")
     parser.add_argument("--timing-trials", type=int, default=None,
-                        help="override harness.timing_trials (cuda)")
+                        help="override harness.measure.timing_trials (cuda)")
     parser.add_argument("--summarize-only", action="store_true",
                         help="judge an existing results Parquet; runs nothing")
     args = parser.parse_args()
@@ -269,9 +269,10 @@ def main() -> None:
         from dicepipe.harness import HarnessSettings
 
         jobs = corpus_jobs(args.corpus, args.references, args.sources, manifest, args.limit)
-        harness_params = dict(params["harness"])
+        harness_params = {"measure": dict(params["harness"]["measure"]),
+                          "run": params["harness"]["run"]}
         if args.timing_trials:
-            harness_params["timing_trials"] = args.timing_trials
+            harness_params["measure"]["timing_trials"] = args.timing_trials
         settings = HarnessSettings.from_params(harness_params, repeats=1)
         results.parent.mkdir(parents=True, exist_ok=True)
         print(f"{len(jobs)} kernels, references from {args.references}/", flush=True)

@@ -134,7 +134,7 @@ def main() -> None:
     if args.cache_dir is None:
         scratch = Path(tempfile.mkdtemp(prefix="bench-session-"))
     cache = args.cache_dir or str(scratch / "cache")
-    settings = HarnessSettings(cache_dir=cache, build_workers=args.build_workers)
+    settings = HarnessSettings.with_defaults(cache_dir=cache, build_workers=args.build_workers)
     try:
         t0 = time.monotonic()
         ref, cand = candidate_pair(10**6, args.backend, fails=False)

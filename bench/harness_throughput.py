@@ -182,7 +182,8 @@ def child_ours(workdir: Path, backend: str, build_workers: int) -> None:
 
     pairs = json.loads((workdir / "pairs.json").read_text())
     jobs = [Job(p["job_id"], p["reference"], p["candidate"], backend) for p in pairs]
-    settings = HarnessSettings(cache_dir=str(workdir / "cache"), build_workers=build_workers)
+    settings = HarnessSettings.with_defaults(cache_dir=str(workdir / "cache"),
+                                             build_workers=build_workers)
     evaluate(jobs, settings, results_path=workdir / "ours.parquet", progress=False)
 
 

@@ -425,12 +425,18 @@ def harness_settings(args):
     from dicepipe.harness import HarnessSettings
 
     params = yaml.safe_load(args.params.read_text())  # no schema check: no jsonschema needed
-    values = dict(params["harness"], kernelbench_trials=args.trials)
-    if args.backend == "cuda" and args.harness_workers > 1:
-        values["devices"] = (0,) * args.harness_workers  # several workers on GPU 0
+    harness = params["harness"]
+    values = {"measure": dict(harness["measure"], kernelbench_trials=args.trials),
+              "run": dict(harness["run"])}
     if args.cache_dir:
-        values["cache_dir"] = str(args.cache_dir)
-    return HarnessSettings.from_params(values), params.get("protocols")
+        values["run"]["cache_dir"] = str(args.cache_dir)
+    settings = HarnessSettings.from_params(values)
+    if args.backend == "cuda" and args.harness_workers > 1:
+        import dataclasses
+
+        # several workers on GPU 0
+        settings = dataclasses.replace(settings, devices=(0,) * args.harness_workers)
+    return settings, params.get("protocols")
 
 
 def run_harness(pairs: list[dict], args, state: Path, run_index: int = 0,

@@ -34,7 +34,8 @@ def test_cpu_templates_build_and_are_correct(params, build_cache_dir, tmp_path):
                 jobs.append(Job(job_id(task, attempt, code), extract.normalise_code(task.reference_code),
                                 code, "cpu"))
     # correctness is what is tested here: time only briefly
-    quick = dict(params["harness"], warmup_trials=1, timing_trials=5, timing_trials_cpu=5)
+    quick = {"measure": dict(params["harness"]["measure"], warmup_trials=1, timing_trials=5,
+                             timing_trials_cpu=5), "run": params["harness"]["run"]}
     harness = HarnessSettings.from_params(quick, cache_dir=build_cache_dir)
     table = evaluate(jobs, harness, results_path=tmp_path / "results.parquet", progress=False)
     rows = table.to_pylist()

@@ -10,7 +10,7 @@ import sys
 import pytest
 import yaml
 
-from dicepipe.config import load_params, resolve_scale, sft_settings, validate_params
+from dicepipe.config import load_params, resolve_scale, stage_settings, validate_params
 from dicepipe.errors import ConfigError
 
 
@@ -24,8 +24,9 @@ def test_shipped_params_are_valid(params):
     # the real scales read the folder acquire@sdar-8b fills from the hub
     assert resolve_scale(params, "8b").model_spec["path"] == "data/external/sdar-8b"
     assert params["acquire"]["sdar-8b"]["repo_id"] == "JetLM/SDAR-8B-Chat"
-    assert sft_settings(params, "tiny")["epochs"] == params["sft"]["overrides"]["tiny"]["epochs"]
-    assert sft_settings(params, "8b")["learning_rate"] == 1e-5
+    tiny = stage_settings(params, "sft", scale="tiny")
+    assert tiny["epochs"] == params["sft"]["overrides"]["tiny"]["epochs"]
+    assert stage_settings(params, "sft", scale="8b")["learning_rate"] == 1e-5
 
 
 @pytest.mark.parametrize(
@@ -36,6 +37,11 @@ def test_shipped_params_are_valid(params):
         (lambda p: p["verify"].__setitem__("repeats", 0), "verify.repeats", "0"),
         (lambda p: p["scales"]["tiny"].__setitem__("backend", "tpu"), "scales.tiny.backend", "'tpu'"),
         (lambda p: p["harness"].__setitem__("bogus_knob", 1), "harness", "bogus_knob"),
+        (lambda p: p["harness"]["measure"].__setitem__("bogus", 1), "harness.measure", "bogus"),
+        # a params.yaml of the earlier shape: the message says where each key went
+        (lambda p: p["harness"].__setitem__("timing_trials", 50), "harness",
+         "'harness.timing_trials' is now 'harness.measure.timing_trials'"),
+        (lambda p: p["harness"].__setitem__("robust", True), "harness", "augment.robust"),
         (lambda p: p["scales"]["tiny"].__setitem__("corpus", "nope"), "scales.tiny.corpus", "'nope'"),
         (lambda p: p["verify"].__setitem__("shards", ["1-of-2"]), "verify.shards", "1-of-1"),
         (lambda p: p["sft"]["overrides"].pop("8b"), "sft.overrides.8b", "missing"),
@@ -55,8 +61,10 @@ def test_bad_values_name_file_key_value_and_expectation(raw, edit, key, words):
 
 def test_schema_fills_defaults(raw):
     trimmed = copy.deepcopy(raw)
-    del trimmed["harness"]["timing_trials"]
-    assert validate_params(trimmed)["harness"]["timing_trials"] == 50
+    del trimmed["harness"]["measure"]["timing_trials"]
+    assert validate_params(trimmed)["harness"]["measure"]["timing_trials"] == 50
+    del trimmed["harness"]["run"]
+    assert validate_params(trimmed)["harness"]["run"]["build_workers"] == 0
 
 
 def test_missing_and_malformed_files(tmp_path):
@@ -113,7 +121,8 @@ def test_scale_names_have_no_dots_so_dvc_can_track_each_scale(raw, params):
 @pytest.mark.parametrize("edit, rule", [
     (lambda p: p["assemble"].__setitem__("speedup_threshold", -1), "must be greater than 0"),
     (lambda p: p["verify"].__setitem__("repeats", 50), "must be at most 20"),
-    (lambda p: p["harness"].__setitem__("correct_trials", 1.5), "must be a whole number"),
+    (lambda p: p["harness"]["measure"].__setitem__("correct_trials", 1.5),
+     "must be a whole number"),
     (lambda p: p["augment"].__setitem__("author", "human"), "must be one of"),
 ])
 def test_messages_name_the_rule_the_value_breaks(raw, edit, rule):
@@ -121,22 +130,6 @@ def test_messages_name_the_rule_the_value_breaks(raw, edit, rule):
     edit(bad)
     with pytest.raises(ConfigError, match=rule):
         validate_params(bad)
-
-
-def test_the_schema_is_the_one_home_of_every_default():
-    """Code that carries a default of its own must agree with the schema's."""
-    import dataclasses
-
-    from dicepipe.config import schema_defaults
-    from dicepipe.harness.settings import HarnessSettings
-
-    harness = schema_defaults("harness")
-    fields = {f.name: f.default for f in dataclasses.fields(HarnessSettings)}
-    assert {k: fields[k] for k in harness} == harness
-    from dicepipe.train.sft import with_defaults
-
-    assert with_defaults({}) == schema_defaults("sft", "defaults")
-    assert set(with_defaults({})) == set(schema_defaults("sft", "defaults"))
 
 
 def test_params_header_names_the_schema_that_exists(repo_root):

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from dicepipe.config import stage_settings
 from dicepipe.errors import ConfigError, SourceError
 from dicepipe.evaluation.literature import (
     TABLES_PATH,
@@ -21,7 +22,7 @@ from dicepipe.evaluation.literature import (
 )
 from dicepipe.evaluation.report import compare_rows
 from dicepipe.harness.verdict import named_protocol
-from dicepipe.stages.evaluate import _write_compare, evaluate_settings
+from dicepipe.stages.evaluate import _write_compare
 
 RECIPE = Path(__file__).resolve().parents[2] / "shared" / "reference" / "dice-recipe.md"
 V0 = "kernelbench_v0.plain"
@@ -128,7 +129,7 @@ def test_schema_offers_exactly_the_packaged_tables(repo_root):
 
 
 def _table_for(params, scale):
-    return paper_table_for(evaluate_settings(params, scale), params["protocols"],
+    return paper_table_for(stage_settings(params, "evaluate", scale=scale), params["protocols"],
                            params["evaluate"]["protocols"], f"evaluate.overrides.{scale}.paper_table")
 
 

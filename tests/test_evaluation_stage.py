@@ -137,25 +137,27 @@ def test_evaluate_stage_with_model_and_folder_baselines(repo_root, tmp_path, mon
 
     torch.manual_seed(0)
     params = yaml.safe_load((repo_root / "params.yaml").read_text())
-    params["harness"].update(correct_trials=2, warmup_trials=1, timing_trials=10,
-                             timing_trials_cpu=10, cache_dir=str(build_cache_dir))
+    params["harness"]["measure"].update(correct_trials=2, warmup_trials=1, timing_trials=10,
+                                        timing_trials_cpu=10)
+    params["harness"]["run"]["cache_dir"] = str(build_cache_dir)
     params["benchmarks"]["seed"].update(path=str(repo_root / "data/seed/benchmark"),
                                         tasks=["L1/1_Sigmoid", "L2/3"])
     params["evaluate"]["overrides"]["tiny"].update(max_new_tokens=1024, samples=2, temperature=1.0)
     params["evaluate"]["pass_k"] = [1, 2]
-    params["baselines"]["tiny"] = [{"name": "gpt2", "model": "baselines/gpt2"},
-                                   {"name": "copies", "folder": "baselines/copies"}]
-    params["scales"]["tiny"]["baselines"] = "baselines"  # what evaluate@tiny would track
+    # inside scales.tiny.baselines (data/baselines/tiny), the folder evaluate@tiny tracks
+    home = params["scales"]["tiny"]["baselines"]
+    params["baselines"]["tiny"] = [{"name": "gpt2", "model": f"{home}/gpt2"},
+                                   {"name": "copies", "folder": f"{home}/copies"}]
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
     monkeypatch.chdir(tmp_path)
     _save_tiny_block_model(tmp_path / "models/sft/tiny", repo_root)
-    _save_causal_baseline(tmp_path / "baselines/gpt2")
+    _save_causal_baseline(tmp_path / home / "gpt2")
     assert main(["benchmark", "--name", "seed", "--out", "data/benchmark/seed.parquet"]) == 0
     tasks = pq.read_table("data/benchmark/seed.parquet").to_pylist()
     layer_norm_relu = next(t["reference_code"] for t in tasks if t["task_id"].startswith("L2/3"))
     _scripted_model(monkeypatch, ScriptedAuthor({sigmoid_reference(): (sigmoid_kernel(), [RIGHT, WRONG_VALUES]),
                                                  layer_norm_relu: (None, [NO_CODE])}))
-    write_reference_copies(tasks, tmp_path / "baselines/copies")
+    write_reference_copies(tasks, tmp_path / home / "copies")
     args = ["evaluate", "--scale", "tiny", "--model", "models/sft/tiny",
             "--benchmark", "data/benchmark/seed.parquet", "--out-dir", "results/kernelbench_tiny",
             "--summary", "results/kernelbench_tiny.csv",
@@ -215,10 +217,13 @@ def test_hub_benchmark_reads_each_level_split(monkeypatch):
 
 def test_generation_resumes_from_its_journal(repo_root, tmp_path):
     """Finished batches are journaled; a second run with the same journal decodes nothing."""
+    from dicepipe.config import schema_defaults
     from dicepipe.evaluation.generate import GenerationSettings, generate_texts, load_generator
 
     _save_tiny_block_model(tmp_path / "m", repo_root)
-    settings = GenerationSettings(max_new_tokens=8, batch_size=2, dtype="fp32", compile=False)
+    settings = GenerationSettings.from_params(
+        {**schema_defaults("evaluate", "defaults"), "max_new_tokens": 8, "batch_size": 2,
+         "dtype": "fp32", "compile": False}, "test")
     gen = load_generator(str(tmp_path / "m"), "m", settings)
     prompts = ["add two tensors", "relu", "softmax over rows"]
     journal = tmp_path / "gen.jsonl"

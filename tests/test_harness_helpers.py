@@ -19,7 +19,7 @@ def settings(cache_dir: Path, **overrides) -> HarnessSettings:
                   repeats=1, run_timeout_s=60, build_timeout_s=600, build_workers=1, use_pch=False,
                   memory_limit_mb=4096, cache_dir=str(cache_dir))
     values.update(overrides)
-    return HarnessSettings(**values)
+    return HarnessSettings.with_defaults(**values)
 
 
 def reference(expr: str, shape: str = "64, 256", init: str = "[]", ctor: str = "") -> str:

@@ -65,7 +65,7 @@ CASES = {
 
 @pytest.fixture(scope="module")
 def rows(tmp_path_factory):
-    settings = HarnessSettings(timing_trials_cpu=20, warmup_trials=1, repeats=1,
+    settings = HarnessSettings.with_defaults(timing_trials_cpu=20, warmup_trials=1, repeats=1,
                                cache_dir=str(tmp_path_factory.mktemp("builds")))
     jobs = [Job(name, ref, cand, "cpu") for name, (ref, cand, _) in CASES.items()]
     with HarnessSession(settings) as session:
@@ -104,8 +104,8 @@ def test_backend_switches_are_recorded_and_keyed(rows):
     assert all(r["cudnn_allow_tf32"] is True and r["matmul_allow_tf32"] is False
                for r in rows.values())
     job = Job("j", RELU, RELU.replace("class Model(", "class ModelNew("), "cpu")
-    default = HarnessSession(HarnessSettings())
-    no_tf32 = HarnessSession(HarnessSettings(cudnn_allow_tf32=False))
+    default = HarnessSession(HarnessSettings.with_defaults())
+    no_tf32 = HarnessSession(HarnessSettings.with_defaults(cudnn_allow_tf32=False))
     try:
         assert default.content_key(job) != no_tf32.content_key(job)
     finally:
@@ -151,7 +151,7 @@ def test_a_variant_the_reference_rejects_is_found_before_any_candidate_runs(tmp_
     """The plan comes from the reference alone; the candidate's trials follow it and never
     see negated indices, so a right candidate is correct under every protocol."""
     cand = EMBEDDING.replace("class Model(", "class ModelNew(")
-    settings = HarnessSettings(timing_trials_cpu=20, warmup_trials=1, repeats=1,
+    settings = HarnessSettings.with_defaults(timing_trials_cpu=20, warmup_trials=1, repeats=1,
                                cache_dir=str(tmp_path))
     with HarnessSession(settings) as session:
         rows = session.evaluate([Job("a", EMBEDDING, cand, "cpu"),
@@ -192,7 +192,7 @@ def test_a_fatal_probe_marks_the_variant_and_goes_on_on_a_fresh_worker():
     from dicepipe.harness.reference_plans import ReferencePlans
 
     plans, worker = ReferencePlans(), _FakeWorker()
-    settings = HarnessSettings().to_wire()
+    settings = HarnessSettings.with_defaults().to_wire()
     plan = plans.plan_for("ref", 3, settings, worker)
     assert plan == ["as_drawn", "as_drawn", "v2", "v3", "v4"]
     assert worker.restarts == 1 and worker.requests == [[], ["as_drawn", "as_drawn"]]

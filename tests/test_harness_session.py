@@ -14,7 +14,7 @@ from dicepipe.errors import HarnessError
 from dicepipe.harness import FLAG_COLUMNS, HarnessSession, HarnessSettings, evaluate, hygiene
 from dicepipe.harness.build.buildspec import local_cuda_arch
 from dicepipe.harness.gpus import nvidia_smi_selector, visible_list, worker_device_ids
-from dicepipe.harness.settings import JUDGEMENT_FIELDS, MEASUREMENT_FIELDS, OPERATIONAL_FIELDS
+from dicepipe.harness.settings import MEASUREMENT_FIELDS, OPERATIONAL_FIELDS
 from dicepipe.harness.worker.sandbox import scrubbed_env
 from test_harness_helpers import RELU_REF, by_id, job, python_candidate, reference, settings
 
@@ -34,14 +34,44 @@ def test_temporary_folders_are_checked(harness_tempdir):
 
 def test_every_setting_is_classified_once():
     names = [f.name for f in fields(HarnessSettings)]
-    groups = MEASUREMENT_FIELDS + JUDGEMENT_FIELDS + OPERATIONAL_FIELDS
+    groups = MEASUREMENT_FIELDS + OPERATIONAL_FIELDS
     assert sorted(groups) == sorted(names), "classify each HarnessSettings field exactly once"
+
+
+def test_the_split_is_params_yaml_harness_measure_and_run():
+    """What changes a row is harness.measure (plus what the caller sets), what does not is
+    harness.run: the schema's sections and the settings' split say the same."""
+    from dicepipe.config import schema_defaults
+
+    defaults = schema_defaults("harness")
+    caller = {"repeats", "decision_thresholds", "timing_gate", "kernelbench_timing", "devices"}
+    assert set(defaults["measure"]) == set(MEASUREMENT_FIELDS) - caller
+    assert set(defaults["run"]) == set(OPERATIONAL_FIELDS) - caller
+
+
+def test_one_rule_names_the_stored_results(tmp_path):
+    """harness.stored_results: one store per measurement setup; a run-only setting shares it,
+    a measurement setting (or the caller's repeats and thresholds) gets its own."""
+    from dicepipe.harness import stored_results
+
+    base = settings(tmp_path)
+    path = stored_results(tmp_path / "resume", "1-of-2", base)
+    assert path.parent == tmp_path / "resume" and path.name.startswith("1-of-2-")
+    assert path.suffix == ".parquet"
+    for name, value in [("cache_dir", str(tmp_path / "other")), ("build_workers", 7),
+                        ("use_pch", True), ("build_timeout_s", 1.0), ("devices", (0,))]:
+        assert stored_results(tmp_path / "resume", "1-of-2", replace(base, **{name: value})) == path
+    for name, value in [("correct_trials", 3), ("repeats", 2), ("decision_thresholds", (2.0,)),
+                        ("timing_gate", "strict"), ("run_timeout_s", 5)]:
+        assert stored_results(tmp_path / "resume", "1-of-2", replace(base, **{name: value})) != path
+    # `dicepipe score --out`: the file the user names
+    assert stored_results(None, "scores.parquet", base).name == "scores.parquet"
 
 
 def test_measurement_key_ignores_how_rows_are_made(tmp_path):
     base = settings(tmp_path)
     for name, value in [("cache_dir", str(tmp_path / "other")), ("build_workers", 7),
-                        ("use_pch", True), ("build_timeout_s", 1.0), ("robust", False)]:
+                        ("use_pch", True), ("build_timeout_s", 1.0)]:
         assert replace(base, **{name: value}).measurement_key() == base.measurement_key(), name
     for name, value in [("correct_trials", 3), ("timing_trials", 20), ("seed", 1),
                         ("cuda_graphs", True), ("cpu_threads", 2), ("run_timeout_s", 5)]:

@@ -52,7 +52,8 @@ def _rows(names):
 def test_a_second_writer_waits_and_both_keep_their_rows(tmp_path, caplog):
     proc, out = _start_first_writer(tmp_path, hold_s=2.0)
     try:
-        with HarnessSession(HarnessSettings()) as session:  # no job to run: no worker starts
+        # no job to run: no worker starts
+        with HarnessSession(HarnessSettings.with_defaults()) as session:
             session.evaluate([], results_path=out, wait_s=60, unrun=_rows(["b1", "b2"]))
     finally:
         assert proc.wait(timeout=60) == 0

@@ -284,12 +284,12 @@ def test_flex_training_loss_and_gradients_match_dense_sdpa():
 
 def test_compiled_bf16_sft_steps_run_and_learn(repo_root, tmp_path):
     import yaml
-    from dicepipe.config import sft_settings
+    from dicepipe.config import stage_settings
     from dicepipe.model.loading import build_tiny
     from dicepipe.model.tokenizer import train_tiny_tokenizer
     from dicepipe.train.data import prepare_sft_data
     from dicepipe.train.parallel import init_distributed
-    from dicepipe.train.sft import SFTPaths, run_sft, with_defaults
+    from dicepipe.train.sft import SFTPaths, run_sft
 
     params = yaml.safe_load((repo_root / "params.yaml").read_text())  # no jsonschema on GPU hosts
     prompts = [f"kernel for op {i}: y = x * {i}" for i in range(6)]
@@ -297,7 +297,7 @@ def test_compiled_bf16_sft_steps_run_and_learn(repo_root, tmp_path):
     tokenizer = train_tiny_tokenizer(prompts + responses, 2048)
     loaded = build_tiny(params["models"]["tiny"], tokenizer)
     data = prepare_sft_data(prompts, responses, tokenizer, loaded.settings, 512)
-    settings = with_defaults(sft_settings(params, "tiny"))
+    settings = stage_settings(params, "sft", scale="tiny")
     settings.update(epochs=40, learning_rate=0.01, bf16=True, compile=True, cutoff_len=512,
                     save_every_steps=10_000)
     paths = SFTPaths(tmp_path / "model", tmp_path / "metrics", tmp_path / "work")

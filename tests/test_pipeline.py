@@ -53,8 +53,8 @@ def fast_params(path: Path) -> None:
     """Trim measurement effort; keep every stage and the shipped data."""
     params = yaml.safe_load(path.read_text())
     params["verify"]["repeats"] = 1
-    params["harness"].update(correct_trials=2, warmup_trials=1, timing_trials=10,
-                             timing_trials_cpu=10)
+    params["harness"]["measure"].update(correct_trials=2, warmup_trials=1, timing_trials=10,
+                                        timing_trials_cpu=10)
     params["sft"]["overrides"]["tiny"].update(epochs=2)
     params["augment"].update(attempts=1, repeats=1)
     params["augment"]["max_tasks"]["cpu"] = 2
@@ -221,8 +221,9 @@ def test_snakemake_runs_tiny_and_reruns_only_what_a_threshold_touches(snake_work
 
 # Exact tracking (issue 14): run-only harness settings re-run nothing, measurement settings
 # re-run verification and what follows, and each scale re-runs only for its own entries.
-RUN_ONLY_EDITS = {"harness.cache_dir": lambda p: p["harness"].__setitem__("cache_dir", ".cache/other"),
-                  "harness.build_workers": lambda p: p["harness"].__setitem__("build_workers", 1)}
+RUN_ONLY_EDITS = {
+    "harness.run.cache_dir": lambda p: p["harness"]["run"].__setitem__("cache_dir", ".cache/other"),
+    "harness.run.build_workers": lambda p: p["harness"]["run"].__setitem__("build_workers", 1)}
 
 
 @pytest.mark.parametrize("key", sorted(RUN_ONLY_EDITS))
@@ -232,7 +233,8 @@ def test_snakemake_reruns_nothing_for_run_only_harness_settings(snake_workspace,
 
 
 def test_snakemake_reruns_verify_and_what_follows_for_a_measurement_setting(snake_workspace):
-    with edited_params(snake_workspace, lambda p: p["harness"].__setitem__("correct_trials", 3)):
+    with edited_params(snake_workspace,
+                       lambda p: p["harness"]["measure"].__setitem__("correct_trials", 3)):
         assert snakemake_would_run(snake_workspace) == {
             "verify", "verify_gather", "augment", "assemble", "sft", "rl_infill", "rl_e2e",
             "evaluate"}
@@ -288,7 +290,7 @@ def test_dvc_tracks_only_what_changes_a_result(dvc_copy):
         assert ran_stages(result.stdout) <= {"check_params"}, result.stdout
     # a measurement setting: the stages that measure (verify, augment; RL rewards and
     # evaluation too), never those that only read measurements (DVC re-runs them downstream)
-    with edited_params(ws, lambda p: p["harness"].__setitem__("correct_trials", 3)):
+    with edited_params(ws, lambda p: p["harness"]["measure"].__setitem__("correct_trials", 3)):
         changed = dvc_changed_stages(ws) & tiny
         assert {"check_params", "verify@seed-1-of-2", "verify@seed-2-of-2",
                 "augment@seed"} <= changed

@@ -93,11 +93,13 @@ def _ids(encoded) -> list[int]:
 
 def test_kernelbench_evaluation_prompt_equals_kernelbench_and_the_chat_template(
         sdar_tokenizer, kernelbench_constructor):
+    from dicepipe.config import schema_defaults
     from dicepipe.data.prompt_sources import evaluation_prompt, kernelbench_prompt, source_tree
     from dicepipe.evaluation.generate import GenerationSettings, prompt_ids_for
 
     tok, params = sdar_tokenizer, _kernelbench_params()
-    settings = GenerationSettings()  # the evaluate defaults: no empty think block
+    # the evaluate defaults: no empty think block
+    settings = GenerationSettings.from_params(schema_defaults("evaluate", "defaults"), "test")
     for task in _three_tasks():
         theirs_text = kernelbench_constructor.get_prompt_for_backend(task["code"], "cuda", "one_shot")
         ours_text = evaluation_prompt("kernelbench", params, task["code"], "cuda")
@@ -116,10 +118,13 @@ def test_kernelbench_evaluation_prompt_equals_kernelbench_and_the_chat_template(
 
 
 def test_empty_think_is_an_option(sdar_tokenizer):
+    from dicepipe.config import schema_defaults
     from dicepipe.evaluation.generate import GenerationSettings, prompt_ids_for
 
     tok, user = sdar_tokenizer, "Write ModelNew."
-    with_think = prompt_ids_for(tok, [user], GenerationSettings(empty_think=True))[0]
+    settings = GenerationSettings.from_params(
+        {**schema_defaults("evaluate", "defaults"), "empty_think": True}, "test")
+    with_think = prompt_ids_for(tok, [user], settings)[0]
     templated = tok.apply_chat_template([{"role": "user", "content": user}], tokenize=False,
                                         add_generation_prompt=True, enable_thinking=False)
     assert tok.decode(with_think) == templated

@@ -191,7 +191,9 @@ def _content_lines(text: str) -> list[str]:
 
 @pytest.mark.parametrize("overrides", [["assemble.speedup_threshold=2.5"],
                                        ["verify.decision_thresholds=[1.5,2.5]", "evaluate.fast_p=[1.0]",
-                                        "augment.families=[mha]", "default_scales=[tiny,8b]"]])
+                                        "augment.families=[mha]", "default_scales=[tiny,8b]",
+                                        "harness.measure.correct_trials=3",
+                                        "harness.run.build_workers=2"]])
 def test_dvc_params_rewrite_keeps_every_comment(repo_root, tmp_path, overrides):
     """DVC's `-S` rewrite (ruamel round trip, every list replaced) leaves params.yaml as it
     was but for the values set: every comment kept, nothing re-indented (blank lines after a

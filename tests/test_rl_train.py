@@ -53,9 +53,9 @@ def early_target_reward(rollouts):
 
 
 def _settings(params, **changes) -> dict:
-    from dicepipe.config import rl_settings
+    from dicepipe.config import stage_settings
 
-    s = rl_settings(params, "rl_e2e", "tiny")
+    s = {**stage_settings(params, "rl", stage="rl_e2e", scale="tiny"), "stage": "rl_e2e"}
     s.update(tasks_per_step=2, group_size=8, max_new_tokens=8, learning_rate=3e-3, traces_per_update=8,
              micro_batch_traces=4, kl_beta=0.0, eval_every_steps=1000, steps=30, strategy="dynamic")
     s.update(changes)

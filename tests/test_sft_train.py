@@ -16,7 +16,7 @@ from dicepipe.model.loading import build_tiny
 from dicepipe.model.tokenizer import chat_format, encode_prompts, encode_text, train_tiny_tokenizer
 from dicepipe.train.data import prepare_sft_data
 from dicepipe.train.parallel import init_distributed
-from dicepipe.train.sft import SFTPaths, run_sft, with_defaults
+from dicepipe.train.sft import SFTPaths, run_sft
 
 OPS = [("relu", "torch.relu(x)", "x[i] > 0 ? x[i] : 0"),
        ("sigmoid", "torch.sigmoid(x)", "1 / (1 + exp(-x[i]))"),
@@ -27,9 +27,9 @@ RESPONSES = [f"```cpp\ny[i] = {code};  // {name}\n```" for name, _, code in OPS]
 
 
 def _settings(params: dict, **changes) -> dict:
-    from dicepipe.config import sft_settings
+    from dicepipe.config import stage_settings
 
-    settings = with_defaults(sft_settings(params, "tiny"))
+    settings = stage_settings(params, "sft", scale="tiny")
     settings.update(changes)
     return settings
 

@@ -45,8 +45,9 @@ def _params(repo_root, tmp_path, shards: list[str], build_cache) -> str:
     params = yaml.safe_load((repo_root / "params.yaml").read_text())
     params["corpora"]["seed"]["source"]["path"] = str(tmp_path / "corpus")
     params["verify"].update(repeats=1, shards=shards)
-    params["harness"].update(correct_trials=2, warmup_trials=1, timing_trials=3,
-                             timing_trials_cpu=3, cache_dir=str(build_cache))
+    params["harness"]["measure"].update(correct_trials=2, warmup_trials=1, timing_trials=3,
+                                        timing_trials_cpu=3)
+    params["harness"]["run"]["cache_dir"] = str(build_cache)
     path = tmp_path / f"params-{len(shards)}.yaml"
     path.write_text(yaml.safe_dump(params, sort_keys=False))
     return str(path)

@@ -9,6 +9,7 @@ the schema cannot express (a scale's corpus must exist, ...).
 from __future__ import annotations
 
 import copy
+import functools
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -22,7 +23,20 @@ DEFAULT_PARAMS = Path("params.yaml")
 
 
 def load_schema() -> dict:
-    with open(SCHEMA_PATH) as fh:
+    """The schema, as a dict of the caller's own."""
+    return copy.deepcopy(_schema())
+
+
+def _schema() -> dict:
+    """The schema, read once per version of the file (validation, the resolver and
+    schema_defaults ask for it many times per command); never modified by its readers."""
+    stat = SCHEMA_PATH.stat()
+    return _read_schema(str(SCHEMA_PATH), stat.st_mtime_ns, stat.st_size)
+
+
+@functools.lru_cache(maxsize=4)
+def _read_schema(path: str, mtime_ns: int, size: int) -> dict:
+    with open(path) as fh:
         return yaml.safe_load(fh)
 
 
@@ -57,7 +71,7 @@ def validate_params(params: dict, source: str = "params.yaml") -> dict:
     """Validate against the schema and cross-check references; return a copy with defaults."""
     import jsonschema
 
-    schema = load_schema()
+    schema = _schema()
     validator = jsonschema.Draft202012Validator(schema)
     errors = sorted(validator.iter_errors(params), key=lambda e: list(e.absolute_path))
     if errors:
@@ -78,10 +92,13 @@ def schema_error_message(err, source: str, others: int = 0, root: dict | None = 
     key = _key_path(err)
     more = f" (and {others} more problems)" if others else ""
     if err.validator in ("additionalProperties", "unevaluatedProperties"):
-        allowed = sorted(_property_names(err.schema, root or load_schema()))
+        root = root or _schema()
+        allowed = sorted(_property_names(err.schema, root))
         unknown = sorted(set(err.instance) - set(allowed))
+        moved = _moved(key, unknown, err.schema, root)
         return (f"{source}: key '{key}' has unknown keys {unknown}: they are not settings of the "
-                f"pipeline (a typo?). Expected only the keys {allowed}.{more}")
+                f"pipeline (a typo?). Expected only the keys {allowed}."
+                + (f" Moved: {'; '.join(moved)}." if moved else "") + more)
     if err.validator == "required":
         missing = [k for k in err.validator_value if k not in err.instance]
         return (f"{source}: key '{key}' is missing the required keys {missing}. "
@@ -91,6 +108,28 @@ def schema_error_message(err, source: str, others: int = 0, root: dict | None = 
     return (f"{source}: key '{key}' has value {shown}, which breaks the rule: "
             f"{_rule(err.validator, err.validator_value)}. "
             f"Expected: {_describe(err.schema)}.{more}")
+
+
+# Keys of an earlier params.yaml shape and where they live now (named in the error message).
+MOVED_KEYS = {
+    "harness.robust": "each judging stage's own key: augment.robust, score.robust "
+                      "(assemble.robust, rl.defaults.robust as before)",
+}
+
+
+def _moved(key: str, unknown: list[str], schema, root: dict) -> list[str]:
+    """Where unknown keys went: a known move, or a key of one of the object's sub-objects
+    (harness.correct_trials is now harness.measure.correct_trials)."""
+    found = []
+    subs = {name: _property_names(_resolve(sub, root), root)
+            for name, sub in (schema.get("properties") or {}).items() if isinstance(sub, dict)}
+    for name in unknown:
+        old = f"{key}.{name}"
+        if old in MOVED_KEYS:
+            found.append(f"'{old}' is now {MOVED_KEYS[old]}")
+        found += [f"'{old}' is now '{key}.{sub}.{name}'" for sub, names in subs.items()
+                  if name in names]
+    return found
 
 
 def _property_names(schema, root: dict) -> set[str]:
@@ -243,8 +282,7 @@ def _check_scale_prompts(params: dict, source: str) -> None:
     pick it from the scale's evaluate `prompt`): the prompt source's folder (acquired by
     acquire@KernelBench or acquire@DICE), or the project's own prompts module."""
     for scale, spec in params["scales"].items():
-        settings = {**params["evaluate"]["defaults"], **(params["evaluate"]["overrides"].get(scale) or {})}
-        wording = settings.get("prompt", "kernelbench")
+        wording = stage_settings(params, "evaluate", scale=scale)["prompt"]
         expected = (OWN_PROMPTS if wording == "dicepipe"
                     else (params.get("prompt_sources") or {}).get(wording, {}).get("path"))
         if expected is not None and spec.get("prompts", "").rstrip("/") != expected.rstrip("/"):
@@ -272,24 +310,22 @@ def _check_tolerances(params: dict, source: str) -> None:
                 f"but 'verify.protocol' is {verify['protocol']!r} ({timed} check): verify times "
                 f"only samples its check accepts, so assemble would find no speedup for the "
                 f"others. Expected protocols with the same check.")
-    loosest = params["harness"].get("max_tolerance")
-    if loosest is None:
-        return
-    kb_trials = params["harness"].get("kernelbench_trials", 5)
+    measure = params["harness"]["measure"]  # schema defaults filled in
+    loosest, kb_trials = measure["max_tolerance"], measure["kernelbench_trials"]
     for name, values in protocols.items():
         if values.get("check") == "kernelbench" and values.get("trials", 0) > kb_trials:
             raise ConfigError(
                 f"{source}: key 'protocols.{name}.trials' has value {values['trials']!r}, more "
-                f"than harness.kernelbench_trials={kb_trials!r} measures. Expected at most "
-                "harness.kernelbench_trials (or raise it).")
+                f"than harness.measure.kernelbench_trials={kb_trials!r} measures. Expected at "
+                "most harness.measure.kernelbench_trials (or raise it).")
         for precision in ("fp32", "low_precision"):
             tol = values[precision]
             if tol > loosest:
                 raise ConfigError(
-                    f"{source}: key 'protocols.{name}.{precision}' has value {tol!r}, "
-                    f"looser than harness.max_tolerance={loosest!r}: kernels between the two "
-                    "would never be timed. Expected at most harness.max_tolerance (or raise it)."
-                )
+                    f"{source}: key 'protocols.{name}.{precision}' has value {tol!r}, looser "
+                    f"than harness.measure.max_tolerance={loosest!r}: kernels between the two "
+                    "would never be timed. Expected at most harness.measure.max_tolerance (or "
+                    "raise it).")
 
 
 def load_params(path: str | Path = DEFAULT_PARAMS) -> dict:
@@ -343,13 +379,17 @@ class Scale:
     backend: str
     benchmark: str
     model_spec: dict
-    benchmark_spec: dict
+
+
+def scale_name(params: dict, scale: str) -> str:
+    """`scale`, once params.yaml names it (a stage that needs only the name reads no more)."""
+    if scale not in params["scales"]:
+        raise ConfigError(f"unknown scale {scale!r}. Expected one of {sorted(params['scales'])}.")
+    return scale
 
 
 def resolve_scale(params: dict, scale: str) -> Scale:
-    if scale not in params["scales"]:
-        raise ConfigError(f"unknown scale {scale!r}. Expected one of {sorted(params['scales'])}.")
-    spec = params["scales"][scale]
+    spec = params["scales"][scale_name(params, scale)]
     return Scale(
         name=scale,
         corpus=spec["corpus"],
@@ -357,7 +397,6 @@ def resolve_scale(params: dict, scale: str) -> Scale:
         backend=spec["backend"],
         benchmark=spec["benchmark"],
         model_spec=params["models"][spec["model"]],
-        benchmark_spec=params["benchmarks"][spec["benchmark"]],
     )
 
 
@@ -392,22 +431,29 @@ def _check_rl(params: dict, source: str) -> None:
                               f"'protocols'. Expected one of {sorted(params['protocols'])}.")
 
 
-def rl_settings(params: dict, stage: str, scale: str) -> dict:
-    """rl.defaults, then rl.stages.<stage>, then rl.overrides.<scale>; plus `stage`."""
-    if stage not in RL_STAGES:
-        raise ConfigError(f"unknown RL stage {stage!r}. Expected one of {RL_STAGES}.")
-    section = params["rl"]
-    settings = {**schema_defaults("rl", "defaults"), **section["defaults"]}
-    settings.update(section["stages"][stage])
-    settings.update(section["overrides"].get(scale) or {})
-    settings["stage"] = stage
-    return settings
-
-
-def sft_settings(params: dict, scale: str) -> dict:
-    """The sft section with the scale's overrides applied."""
-    settings = dict(params["sft"]["defaults"])
-    settings.update(params["sft"]["overrides"].get(scale) or {})
+def stage_settings(params: dict, section: str, *, stage: str | None = None,
+                   scale: str | None = None) -> dict:
+    """The one resolver of a stage's settings, for the sections with layers (`sft`, `rl`,
+    `evaluate`): the schema's defaults of `<section>.defaults`, then the section's
+    `defaults`, then `<section>.stages.<stage>` (rl), then `<section>.overrides.<scale>`.
+    (A section without layers, such as `augment` or `harness`, is its values over the
+    schema's defaults, which load_params fills in.) Returns a new dict."""
+    root = _schema()
+    node = _resolve(root["properties"].get(section, {}), root)
+    if "defaults" not in node.get("properties", {}):
+        raise ConfigError(f"params.yaml section {section!r} has no defaults/overrides layers. "
+                          "Expected one of 'sft', 'rl', 'evaluate'; read other sections as "
+                          "they are (load_params fills in the schema's defaults).")
+    values = params[section]
+    settings = copy.deepcopy(values["defaults"])
+    _fill_defaults(settings, node["properties"]["defaults"], root)
+    if stage is not None:
+        if stage not in (values.get("stages") or {}):
+            raise ConfigError(f"params.yaml: key '{section}.stages.{stage}' is missing. "
+                              f"Expected one of {sorted(values.get('stages') or {})}.")
+        settings.update(values["stages"][stage])
+    if scale is not None:
+        settings.update(values["overrides"].get(scale) or {})
     return settings
 
 
@@ -437,7 +483,7 @@ def lookup(params: dict, dotted: str):
 def schema_defaults(*path: str) -> dict:
     """The defaults the schema gives the object at `path` (property names from the top), e.g.
     schema_defaults("sft", "defaults"): code that needs a default asks here, never hard-codes one."""
-    root = load_schema()
+    root = _schema()
     node = root
     for name in path:
         node = _resolve(node, root)["properties"][name]

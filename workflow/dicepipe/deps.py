@@ -107,16 +107,14 @@ def uncovered(files: list[str], deps: list[str]) -> list[str]:
             if not any(f == d or f.startswith(d.rstrip("/") + "/") for d in deps)]
 
 
-def harness_param_keys(judgement: bool = False) -> list[str]:
-    """The params keys of the harness section that change what a verify/augment/evaluate row
-    says (MEASUREMENT_FIELDS), in schema order; with `judgement`, also those that change how
-    a stage judges a row (JUDGEMENT_FIELDS: harness.robust). Only a stage that reads the
-    judgement keys asks for them: tracking a key a stage never reads re-runs it for nothing.
-    The rest (cache folder, build workers, precompiled headers, build timeout) only changes
-    how a row is made: neither runner tracks it, so changing it re-runs nothing."""
+def harness_param_keys() -> list[str]:
+    """The params keys of the harness that change what a verify/augment/evaluate row or an RL
+    reward says: `harness.measure`, tracked whole by every stage that measures (and the key a
+    stored row is reused under, harness.session.stored_results). `harness.run` (cache folder,
+    build workers, precompiled headers, build timeout) only changes how a row is made: neither
+    runner tracks it, so changing it re-runs nothing. How a row is judged (`robust`) is each
+    judging stage's own key, tracked with its section."""
     from .config import load_schema
-    from .harness.settings import JUDGEMENT_FIELDS, MEASUREMENT_FIELDS
 
     section = load_schema()["properties"]["harness"]["properties"]
-    wanted = set(MEASUREMENT_FIELDS) | (set(JUDGEMENT_FIELDS) if judgement else set())
-    return [f"harness.{name}" for name in section if name in wanted]
+    return [f"harness.{name}" for name in section if name == "measure"]

@@ -13,7 +13,9 @@ rule augment:
     resources:
         **resources_of("augment", "corpus"),
     params:
-        tracked=tracked("corpora.{corpus}", "augment", *HARNESS_JUDGED, "protocols"),
+        tracked=tracked(
+            "corpora.{corpus}", "augment", *HARNESS_MEASUREMENT, "protocols"
+        ),
     shell:
         "dicepipe augment --corpus {wildcards.corpus} --out data/augment/{wildcards.corpus}"
         " --log {log}"

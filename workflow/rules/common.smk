@@ -29,11 +29,10 @@ validate(config, str(dicepipe_config.SCHEMA_PATH))
 SCALES = list(config["scales"])
 CORPORA = list(config["corpora"])
 SHARDS = list(config["verify"]["shards"])
-# The harness settings that change a measurement; the rest (cache folder, build workers,
-# precompiled headers, build timeout) is never tracked.
+# The harness settings that change a measurement (harness.measure, tracked whole); the rest
+# (harness.run: cache folder, build workers, precompiled headers, build timeout) is never
+# tracked.
 HARNESS_MEASUREMENT = harness_param_keys()
-# Those plus the judgement keys (harness.robust), only for rules whose stage reads them.
-HARNESS_JUDGED = harness_param_keys(judgement=True)
 
 
 def lookup_key(dotted, wildcards):

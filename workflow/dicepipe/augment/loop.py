@@ -5,9 +5,10 @@ tasks still open, up to `augment.attempts` rounds.
 
 Resume. Drafts are journalled (draft_journal.jsonl in the work folder, keyed by the
 author's fingerprint, the task and the attempt) and harness rows go to the harness's own
-results file (one per measuring setup), whose job ids carry a hash of the candidate; a
-re-run after a kill asks the author and the harness only for what is missing. Transient author failures (timeouts,
-refused connections, HTTP errors) are not journalled, so a re-run asks again."""
+results file (one per measuring setup: harness.stored_results), whose job ids carry a hash of
+the candidate; a re-run after a kill asks the author and the harness only for what is missing.
+Transient author failures (timeouts, refused connections, HTTP errors) are not journalled, so a
+re-run asks again."""
 
 from __future__ import annotations
 
@@ -62,16 +63,6 @@ class DraftJournal:
         self._fh.close()
 
 
-def harness_results_path(work_dir: Path, harness_settings) -> Path:
-    """One results file per measuring setup: changed trials or repeats measure afresh, while a
-    changed threshold, or a run-only setting (cache folder, build workers, ...: the harness's
-    OPERATIONAL_FIELDS), reuses the measurements and only re-applies the verdict."""
-    wire = harness_settings.measurement_key()
-    wire.pop("decision_thresholds", None)
-    digest = hashlib.sha256(json.dumps(wire, sort_keys=True).encode()).hexdigest()[:12]
-    return work_dir / f"harness_{digest}.parquet"
-
-
 def job_id(task: Task, attempt: int, code: str) -> str:
     """Names the exact file measured: a changed candidate is a new job, never a stale row."""
     digest = hashlib.sha256(code.encode()).hexdigest()[:12]
@@ -111,7 +102,7 @@ def run_attempts(tasks: list[Task], author, settings: dict, harness_settings, wo
                  robust: bool, protocol) -> tuple[list[dict], dict[str, str]]:
     """Every attempt row (in task order, then attempt order) and the kept candidate file of
     each task that yielded one."""
-    from ..harness import Job, evaluate
+    from ..harness import Job, evaluate, stored_results
 
     work_dir.mkdir(parents=True, exist_ok=True)
     journal = DraftJournal(work_dir / "draft_journal.jsonl", author.fingerprint())
@@ -134,7 +125,7 @@ def run_attempts(tasks: list[Task], author, settings: dict, harness_settings, wo
             results = {}
             if jobs:
                 table = evaluate(list(jobs.values()), harness_settings,
-                                 results_path=harness_results_path(work_dir, harness_settings))
+                                 results_path=stored_results(work_dir, "harness", harness_settings))
                 results = {row["job_id"]: row for row in table.to_pylist()}
             still_open = []
             for task in open_tasks:

@@ -2,7 +2,7 @@
 candidate, and the report's counts. Pure functions over plain rows.
 
 Verdict (harness/verdict.py). A candidate is kept when it compiled, is correct under
-`augment.protocol` (the robust verdict when harness.robust is set: no deception flag), and
+`augment.protocol` (the robust verdict when augment.robust is set: no deception flag), and
 its speedup statistic is above `augment.speedup_threshold`. The statistic is `augment.speedup_statistic`: `low` (default)
 is the lower end of the harness's speedup interval, so a kept sample is faster with the
 harness's confidence and not merely on a lucky median (near 1.0x a median is a coin flip);

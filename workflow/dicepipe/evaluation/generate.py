@@ -30,22 +30,31 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class GenerationSettings:
-    max_new_tokens: int = 4096
-    denoising_steps: int = 4
-    strategy: str = "sequential"
-    threshold: float = 0.9
-    temperature: float = 0.0
-    top_p: float = 1.0
-    samples: int = 1
-    batch_size: int = 32
-    dtype: str = "fp16"  # on GPU (fp16 as released, bf16, fp32); CPU decodes in fp32
-    empty_think: bool = False  # the chat template's empty think block in the prompt
-    compile: bool = True
-    seed: int = 0
+    """How evaluation generates: keys of the resolved evaluate settings (config.stage_settings;
+    their defaults live in the schema only, evaluate.defaults)."""
+
+    max_new_tokens: int
+    denoising_steps: int
+    strategy: str
+    threshold: float
+    temperature: float
+    top_p: float
+    samples: int
+    batch_size: int
+    dtype: str  # on GPU (fp16 as released, bf16, fp32); CPU decodes in fp32
+    empty_think: bool  # the chat template's empty think block in the prompt
+    compile: bool
+    seed: int
 
     @classmethod
     def from_params(cls, values: dict, source: str) -> GenerationSettings:
+        """From resolved evaluate settings (config.stage_settings(params, "evaluate", ...))."""
         known = set(cls.__dataclass_fields__)
+        missing = sorted(known - set(values))
+        if missing:
+            raise ConfigError(f"params.yaml {source}: settings {missing} are missing. Expected "
+                              "settings resolved by config.stage_settings (the schema's "
+                              "evaluate.defaults fill every key).")
         settings = cls(**{k: v for k, v in values.items() if k in known})
         if settings.samples > 1 and settings.temperature <= 0:
             raise ConfigError(f"params.yaml {source}: samples is {settings.samples} with temperature "

@@ -17,7 +17,7 @@ The folders follow the processes the code runs in:
 build/ and worker/ never import the host's machinery.
 """
 
-from .session import HarnessSession, evaluate
+from .session import HarnessSession, evaluate, stored_results
 from .results import DYNAMIC_FLAGS, FLAG_COLUMNS, RESULT_SCHEMA, STATIC_FLAGS
 from .settings import HarnessSettings, Job
 
@@ -30,4 +30,5 @@ __all__ = [
            "HarnessSettings",
            "Job",
            "evaluate",
+           "stored_results",
 ]

@@ -23,6 +23,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Iterable
 from dataclasses import dataclass
+from pathlib import Path
 
 import pyarrow as pa
 
@@ -69,6 +70,23 @@ class CallSummary:
             text += (f" ({self.stale_in_store} stored rows were for another program or "
                      f"settings and were measured again)")
         return text
+
+
+def stored_results(folder: str | os.PathLike | None, name: str,
+                   settings: HarnessSettings) -> Path:
+    """The one rule for reusing stored results (verify, augment, evaluate and `dicepipe score`
+    call it). Rows are kept per measurement setup, `<folder>/<name>-<key>.parquet`, where the
+    key is a digest of `settings.measurement_key()` (harness.measure and the caller's repeats,
+    decision thresholds and timing gate; never harness.run, so a run-only setting reuses
+    everything); inside, `HarnessSession.evaluate` reuses a row only under the same job id and
+    content key (the same programs and backend too), so a changed file or setting is measured
+    again, never trusted by name. `folder=None` (`dicepipe score --out`, a file the user
+    names): that file."""
+    if folder is None:
+        return Path(name)
+    blob = json.dumps(settings.measurement_key(), sort_keys=True)
+    digest = hashlib.sha256(blob.encode()).hexdigest()[:16]
+    return Path(folder) / f"{name}-{digest}.parquet"
 
 
 def _reusable(stored: dict, key: str) -> bool:

@@ -8,19 +8,22 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from ..errors import HarnessError
 
 BACKENDS = ("cpu", "cuda")
 TIMING_GATES = ("any", "strict", "kernelbench")
-DEFAULT_CACHE_DIR = ".cache/dicepipe/builds"
 
 # The split every field of HarnessSettings falls under (a test checks that each is in exactly
-# one of MEASUREMENT_FIELDS, JUDGEMENT_FIELDS, OPERATIONAL_FIELDS). MEASUREMENT_FIELDS change what a row says (trials, tolerances, timing, seeds, the
-# limits a job runs under): a stored row is reused only under the same values, and stages
-# track them as parameters. OPERATIONAL_FIELDS change only how fast or where rows are made.
+# one of MEASUREMENT_FIELDS, OPERATIONAL_FIELDS, and that the params-backed ones are
+# params.yaml's harness.measure and harness.run). MEASUREMENT_FIELDS change what a row says
+# (trials, tolerances, timing, seeds, the limits a job runs under; harness.measure, plus the
+# repeats, thresholds and timing gate the caller sets): a stored row is reused only under the
+# same values (session.stored_results), and stages track harness.measure as a parameter.
+# OPERATIONAL_FIELDS (harness.run, plus the devices the caller gives) change only how fast or
+# where rows are made. How a row is judged (robust) is the judging stage's own key.
 MEASUREMENT_FIELDS = (
     "correct_trials", "max_tolerance",
     "warmup_trials", "timing_trials", "timing_trials_cpu", "launch_bound_floor_ms",
@@ -29,9 +32,6 @@ MEASUREMENT_FIELDS = (
     "repeats", "decision_thresholds", "kernelbench_timing", "kernelbench_trials",
     "cudnn_allow_tf32", "matmul_allow_tf32", "timing_gate",
 )
-# Read by the stages that judge rows, never by the harness (no row changes with it): stages
-# that read it (augment) track it as a parameter, but a stored row is reused whatever its value.
-JUDGEMENT_FIELDS = ("robust",)
 OPERATIONAL_FIELDS = (
     "build_timeout_s", "build_workers", "use_pch", "cuda_light_headers", "cache_dir", "devices",
 )
@@ -57,38 +57,41 @@ class Job:
 
 @dataclass(frozen=True)
 class HarnessSettings:
-    """Every knob of one evaluation batch. Defaults equal params.yaml's `harness:` defaults."""
+    """Every knob of one evaluation batch: params.yaml's harness.measure and harness.run (no
+    defaults here: the schema holds them; build with from_params or with_defaults), then what
+    the caller sets."""
 
-    correct_trials: int = 5
+    # harness.measure
+    correct_trials: int
     # KernelBench's own trials (as-drawn inputs, its seeds, allclose): what the `kernelbench`,
     # `kernelbench_v0` and `release_reward` protocols judge (kb_trials.py); 0 skips them
-    kernelbench_trials: int = 5
+    kernelbench_trials: int
     # backend switches as PyTorch sets them by default (KernelBench runs under these)
-    cudnn_allow_tf32: bool = True
-    matmul_allow_tf32: bool = False
+    cudnn_allow_tf32: bool
+    matmul_allow_tf32: bool
     # The loosest tolerance any profile may ask for (atol = rtol = t, see correctness.py):
     # rows within it are `correct` and timed; profiles judge `tolerance_needed` later.
-    max_tolerance: float = 1e-2
-    warmup_trials: int = 3
-    timing_trials: int = 50
-    timing_trials_cpu: int = 400
-    launch_bound_floor_ms: float = 0.1
-    cuda_graphs: bool = False
-    cpu_clock: str = "cpu"
-    cpu_threads: int = 1
-    interval_confidence: float = 0.99
-    timing_noise_floor: float = 0.002
-    timing_noise_floor_cpu: float = 0.01
-    build_timeout_s: float = 300.0
-    run_timeout_s: float = 120.0
-    memory_limit_mb: int = 16384
-    max_open_files: int = 1024
-    build_workers: int = 0
-    use_pch: bool = True
-    cuda_light_headers: bool = True
-    robust: bool = True
-    seed: int = 0
-    cache_dir: str = DEFAULT_CACHE_DIR
+    max_tolerance: float
+    warmup_trials: int
+    timing_trials: int
+    timing_trials_cpu: int
+    launch_bound_floor_ms: float
+    cuda_graphs: bool
+    cpu_clock: str
+    cpu_threads: int
+    interval_confidence: float
+    timing_noise_floor: float
+    timing_noise_floor_cpu: float
+    run_timeout_s: float
+    memory_limit_mb: int
+    max_open_files: int
+    seed: int
+    # harness.run
+    build_timeout_s: float
+    build_workers: int
+    use_pch: bool
+    cuda_light_headers: bool
+    cache_dir: str
     # Set by the caller, not params.yaml's harness section.
     repeats: int = 1
     decision_thresholds: tuple[float, ...] = (1.0,)
@@ -105,22 +108,24 @@ class HarnessSettings:
         if not self.decision_thresholds:
             raise HarnessError("harness decision_thresholds: expected at least one threshold.")
         if not 0.0 <= self.max_tolerance < 1.0:
-            raise HarnessError(f"harness.max_tolerance={self.max_tolerance}: expected a "
+            raise HarnessError(f"harness.measure.max_tolerance={self.max_tolerance}: expected a "
                                "tolerance in [0, 1) (0.01 admits every shipped profile).")
         if self.kernelbench_trials < 0:
-            raise HarnessError(f"harness.kernelbench_trials={self.kernelbench_trials}: expected "
-                               ">= 0 (5 as KernelBench's scripts; 0 skips its protocol).")
+            raise HarnessError(f"harness.measure.kernelbench_trials={self.kernelbench_trials}: "
+                               "expected >= 0 (5 as KernelBench's scripts; 0 skips its "
+                               "protocol).")
         if self.timing_gate not in TIMING_GATES:
             raise HarnessError(f"harness timing_gate={self.timing_gate!r}: expected one of "
                                f"{TIMING_GATES}.")
         if self.cpu_clock not in ("wall", "cpu"):
-            raise HarnessError(f"harness.cpu_clock={self.cpu_clock!r}: expected 'wall' or 'cpu'.")
+            raise HarnessError(f"harness.measure.cpu_clock={self.cpu_clock!r}: expected 'wall' "
+                               "or 'cpu'.")
         if self.cpu_threads < 0:
-            raise HarnessError(f"harness.cpu_threads={self.cpu_threads}: expected >= 0 "
+            raise HarnessError(f"harness.measure.cpu_threads={self.cpu_threads}: expected >= 0 "
                                "(0 = torch's default, one per core).")
         for name in ("timing_trials", "timing_trials_cpu"):
             if getattr(self, name) < 3:
-                raise HarnessError(f"harness.{name}={getattr(self, name)}: expected >= 3.")
+                raise HarnessError(f"harness.measure.{name}={getattr(self, name)}: expected >= 3.")
 
     @classmethod
     def from_params(
@@ -131,20 +136,28 @@ class HarnessSettings:
         cache_dir: str | os.PathLike | None = None,
         timing_gate: str = "any",
     ) -> HarnessSettings:
-        """Settings from params.yaml's `harness:` section (validated by the schema)."""
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(harness) - known)
-        if unknown:
-            raise HarnessError(
-                f"params.yaml harness: unknown keys {unknown}. Expected only {sorted(known)}."
-            )
-        values = dict(harness)
+        """Settings from params.yaml's `harness:` section: harness.measure and harness.run,
+        each over the schema's defaults (the one home of every default)."""
+        from ..config import schema_defaults
+
+        defaults = schema_defaults("harness")
+        values = {**_known(harness.get("measure") or {}, defaults["measure"], "harness.measure"),
+                  **_known(harness.get("run") or {}, defaults["run"], "harness.run")}
         values["repeats"] = int(repeats)
         values["decision_thresholds"] = tuple(float(p) for p in decision_thresholds)
         values["timing_gate"] = timing_gate
         if cache_dir is not None:
             values["cache_dir"] = str(cache_dir)
         return cls(**values)
+
+    @classmethod
+    def with_defaults(cls, **values) -> HarnessSettings:
+        """The schema's harness defaults with `values` (field names) over them: for scripts
+        and tests that set a few fields."""
+        from ..config import schema_defaults
+
+        defaults = schema_defaults("harness")
+        return cls(**{**defaults["measure"], **defaults["run"], **values})
 
     @property
     def cache_path(self) -> Path:
@@ -164,3 +177,12 @@ class HarnessSettings:
         out["devices"] = list(self.devices) if self.devices is not None else None
         out["cache_dir"] = str(self.cache_path)
         return out
+
+
+def _known(given: dict, defaults: dict, where: str) -> dict:
+    """`given` over `defaults`, refusing keys the schema does not know."""
+    unknown = sorted(set(given) - set(defaults))
+    if unknown:
+        raise HarnessError(f"params.yaml {where}: unknown keys {unknown}. Expected only "
+                           f"{sorted(defaults)}.")
+    return {**defaults, **given}

@@ -162,7 +162,7 @@ def build_tiny(spec: dict, tokenizer, *, device="cpu") -> LoadedModel:
         eos_token_id=tokenizer.eos_token_id, bos_token_id=None,
     )
     with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(spec.get("seed", 0))
+        torch.manual_seed(spec["seed"])  # models.<m>.seed (schema default filled in)
         model = Qwen3ForCausalLM._from_config(config, attn_implementation="sdpa",
                                               dtype=torch.float32)
     settings = BlockSettings(

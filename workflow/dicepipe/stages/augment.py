@@ -74,7 +74,7 @@ def run(args, params: dict) -> int:
     work_dir = Path(args.work_dir or f".cache/dicepipe/augment/{args.corpus}")
     tasks = generate_tasks(settings, backend)
     author = make_author(settings, backend)
-    robust = bool(params["harness"]["robust"])
+    robust = bool(settings["robust"])
     log.info("augment %s (%s): %d tasks, author %s, up to %d attempts each", args.corpus,
              backend, len(tasks), author.name, settings["attempts"])
     protocol = named_protocol(settings["protocol"], params["protocols"])

@@ -81,9 +81,9 @@ def plot_panels(panels: list[tuple[str, list[tuple[str, dict, str]]]], path: Pat
 
 
 def run(args, params: dict) -> int:
-    from ..config import resolve_scale
+    from ..config import scale_name
 
-    scale = resolve_scale(params, args.scale).name
+    scale = scale_name(params, args.scale)
     out = Path(args.out)
     sft = read_columns(Path(args.sft) / "steps.tsv")
     plot_panels([(label, [(name, sft, name)]) for name, label in SFT_PANELS], out / "sft.png",

@@ -11,13 +11,12 @@ timed beside it. Outputs: the summary (a row per level and `all`, a column per m
 per-task table, generations and kernel files under --out-dir (baselines under
 <out-dir>/baselines/<name>), the comparison of the model with its baselines per level (and
 the DICE paper's table for the scale, `paper_table`, as labelled literature rows), DVC
-metrics and plots. Scoring resumes from .cache/dicepipe/resume/evaluate/ after a kill.
+metrics and plots. Scoring resumes from .cache/dicepipe/resume/evaluate/ after a kill
+(harness.stored_results: a row is reused under the same programs and measurement settings).
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
 import logging
 import shutil
 from pathlib import Path
@@ -37,12 +36,6 @@ def add_arguments(parser) -> None:
     parser.add_argument("--metrics", required=True, help="folder for metrics.json and plots")
     parser.add_argument("--download", action="store_true",
                         help="allow downloading hub checkpoints missing from the local cache")
-
-
-def evaluate_settings(params: dict, scale: str) -> dict:
-    settings = dict(params["evaluate"]["defaults"])
-    settings.update(params["evaluate"]["overrides"].get(scale) or {})
-    return settings
 
 
 def _systems(args, params: dict) -> list[dict]:
@@ -101,17 +94,8 @@ def _generate(system: dict, tasks, prompts: list[str], settings, out_dir: Path, 
     return candidates, rows
 
 
-def _resume_dir(scale: str, name: str, tasks, candidates, harness: dict) -> Path:
-    """Keyed by everything a row depends on (references, kernel files, harness settings), so
-    a retrained model or an edited folder never resumes from another run's rows."""
-    blob = json.dumps({"refs": [(t["task_id"], t["reference_code"]) for t in tasks],
-                       "kernels": [(c.task_id, c.sample, c.code) for c in candidates],
-                       "harness": harness}, sort_keys=True, default=str)
-    return RESUME_DIR / scale / f"{name}-{hashlib.sha256(blob.encode()).hexdigest()[:16]}"
-
-
 def run(args, params: dict) -> int:
-    from ..config import resolve_scale
+    from ..config import resolve_scale, stage_settings
     from ..data.prompt_sources import evaluation_prompt
     from ..data.schema import BENCHMARK_SCHEMA, read_table
     from ..evaluation.generate import GenerationSettings
@@ -120,12 +104,12 @@ def run(args, params: dict) -> int:
     from ..evaluation.metrics import headline
     from ..evaluation.report import write_csv
     from ..evaluation.scoring import score
-    from ..harness import HarnessSession, HarnessSettings
+    from ..harness import HarnessSession, HarnessSettings, stored_results
     from ..harness.verdict import named_protocol
 
     scale = resolve_scale(params, args.scale)
     section = params["evaluate"]
-    settings = evaluate_settings(params, args.scale)
+    settings = stage_settings(params, "evaluate", scale=args.scale)
     gen_settings = GenerationSettings.from_params(settings, f"evaluate (scale {args.scale})")
     protocols = [named_protocol(name, params["protocols"]) for name in section["protocols"]]
     paper = paper_table_for(settings, params["protocols"], section["protocols"],
@@ -156,9 +140,8 @@ def run(args, params: dict) -> int:
     with HarnessSession(harness) as session:
         for system in systems:
             name = system["name"]
-            resume = _resume_dir(args.scale, name, tasks, candidates[name],
-                                 dict(params["harness"], repeats=settings["repeats"],
-                                      decision_thresholds=section["fast_p"]))
+            # a folder per system and measurement setup (its reference checks and candidates)
+            resume = stored_results(RESUME_DIR / args.scale, name, harness).with_suffix("")
             records = score(session, tasks, candidates[name], scale.backend, resume)
             summaries[name] = _write_system(name, records, generations.get(name), protocols,
                                             section, folders[name])

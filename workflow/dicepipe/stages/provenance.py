@@ -66,9 +66,9 @@ def provenance(params: dict, scale: str, shipped: Path = SHIPPED) -> dict:
 
 
 def run(args, params: dict) -> int:
-    from ..config import resolve_scale
+    from ..config import scale_name
 
-    scale = resolve_scale(params, args.scale).name
+    scale = scale_name(params, args.scale)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(provenance(params, scale), indent=1, sort_keys=True, default=str) + "\n")

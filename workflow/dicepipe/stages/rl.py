@@ -67,7 +67,7 @@ def harness_settings(params: dict, env):
 def run_stage(args, params, stage: str) -> int:
     import torch
 
-    from ..config import resolve_scale, rl_settings
+    from ..config import resolve_scale, stage_settings
     from ..harness import HarnessSession
     from ..harness.verdict import named_protocol
     from ..model.loading import load_saved
@@ -81,7 +81,7 @@ def run_stage(args, params, stage: str) -> int:
     code = relaunch_stage(args, params)
     if code is not None:
         return code
-    settings = rl_settings(params, stage, args.scale)
+    settings = {**stage_settings(params, "rl", stage=stage, scale=args.scale), "stage": stage}
     tasks, val_tasks = load_tasks(settings, args.data, args.val, scale.backend, params)
     env = init_distributed(args.device)
     loaded = load_saved(args.model, dtype=torch.float32, device="cpu")

@@ -39,7 +39,7 @@ def add_arguments(parser) -> None:
     parser.add_argument("--thresholds", type=float, nargs="+", default=[1.0],
                         help="speedups the repeat rule must settle (default 1.0)")
     parser.add_argument("--cache-dir", default=None,
-                        help="build cache (default: harness.cache_dir of params.yaml)")
+                        help="build cache (default: harness.run.cache_dir of params.yaml)")
     parser.add_argument("--wait-s", type=float, default=0.0,
                         help="seconds to wait while another run writes --out (default 0: "
                              "refuse at once, naming it)")
@@ -159,7 +159,7 @@ def summarize(table, thresholds: list[float], robust: bool, protocols: dict) -> 
 
 
 def run(args, params: dict) -> int:
-    from ..harness import HarnessSession, HarnessSettings
+    from ..harness import HarnessSession, HarnessSettings, stored_results
 
     if args.candidates and not args.references:
         raise StageInputError("--candidates needs --references (the folder of reference "
@@ -172,13 +172,13 @@ def run(args, params: dict) -> int:
                                            decision_thresholds=args.thresholds,
                                            cache_dir=args.cache_dir)
     log.info("scoring %d kernels on %s", len(found.jobs), args.backend)
+    store = stored_results(None, args.out, settings)  # the file the user names
     with HarnessSession(settings) as session:
-        table = session.evaluate(found.jobs, results_path=Path(args.out), progress=True,
+        table = session.evaluate(found.jobs, results_path=store, progress=True,
                                  wait_s=args.wait_s, unrun=found.unreadable)
         # how many rows --out already held for the same programs and settings
         print(session.last_summary.line())
-    for line in summarize(table, args.thresholds, params["harness"]["robust"],
-                          params["protocols"]):
+    for line in summarize(table, args.thresholds, params["score"]["robust"], params["protocols"]):
         print(line)
     for line in unpaired_lines(found):
         print(line)

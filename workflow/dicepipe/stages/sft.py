@@ -50,20 +50,20 @@ def _load_model(spec: dict, name: str, prompts, responses, env):
 
 
 def run(args, params) -> int:
-    from ..config import resolve_scale, sft_settings
+    from ..config import resolve_scale, stage_settings
     from ..data.schema import SFT_SCHEMA, read_table
     from ..errors import StageInputError
     from ..model.loading import resolve_checkpoint
     from ..train.data import prepare_sft_data
     from ..train.launch import relaunch_stage
     from ..train.parallel import init_distributed
-    from ..train.sft import RunOptions, SFTPaths, run_sft, with_defaults
+    from ..train.sft import RunOptions, SFTPaths, run_sft
 
     scale = resolve_scale(params, args.scale)
     code = relaunch_stage(args, params)
     if code is not None:
         return code
-    settings = with_defaults(sft_settings(params, args.scale))
+    settings = stage_settings(params, "sft", scale=args.scale)
     spec = scale.model_spec
     if spec["kind"] != "tiny":  # fail before any work when the checkpoint is missing
         resolve_checkpoint(spec, scale.model, allow_download=args.download)

@@ -10,7 +10,6 @@ each shard writes its rows as they finish into a resume file outside the declare
 from __future__ import annotations
 
 import hashlib
-import json
 import logging
 from pathlib import Path
 
@@ -46,17 +45,8 @@ def shard_of(sample_id: str, total: int) -> int:
     return int(hashlib.sha256(sample_id.encode()).hexdigest()[:8], 16) % total + 1
 
 
-def _settings_key(samples_path: Path, settings, shard: str) -> str:
-    """The resume file's key: the samples, what changes a measurement (never the cache
-    folder, build workers or other run-only settings) and the shard."""
-    digest = hashlib.sha256()
-    digest.update(samples_path.read_bytes())
-    digest.update(json.dumps([settings.measurement_key(), shard], sort_keys=True).encode())
-    return digest.hexdigest()[:16]
-
-
 def run(args, params: dict) -> int:
-    from ..harness import HarnessSettings, Job, evaluate
+    from ..harness import HarnessSettings, Job, evaluate, stored_results
     from ..harness.verdict import named_protocol
 
     index, total = parse_shard(args.shard)
@@ -72,8 +62,7 @@ def run(args, params: dict) -> int:
     )
     jobs = [Job(job_id=s["sample_id"], reference_code=s["reference_code"],
                 candidate_code=s["candidate_code"], backend=s["backend"]) for s in mine]
-    key = _settings_key(Path(args.samples), settings, args.shard)
-    resume_path = RESUME_DIR / args.corpus / f"{args.shard}-{key}.parquet"
+    resume_path = stored_results(RESUME_DIR / args.corpus, args.shard, settings)
     resume_path.parent.mkdir(parents=True, exist_ok=True)
     table = evaluate(jobs, settings, results_path=resume_path, progress=True)
     order = {job.job_id: i for i, job in enumerate(jobs)}
