@@ -87,7 +87,8 @@ def test_the_scan_sees_what_each_stage_reads(shipped_reads):
                    ("harness", "run"), ("protocols",)},
         "augment": {("augment", "attempts"), ("augment", "robust"), ("corpora", STAR, "backend"),
                     ("harness", "measure"), ("protocols",)},
-        "assemble": {("assemble",), ("verify", "decision_thresholds"), ("protocols",)},
+        "assemble": {("assemble", "speedup_threshold"), ("assemble", "robust"), ("assemble", "protocol"),
+                     ("verify", "decision_thresholds"), ("protocols",)},
         # through config.stage_settings, the one resolver
         "sft": {("sft", "defaults"), ("sft", "overrides", STAR), ("scales", STAR, "gpus"),
                 ("scales", STAR, "model"), ("models", STAR, "kind")},

@@ -9,8 +9,8 @@ The stage itself (settings, several GPUs, resuming) is stages/rl.py; params.yaml
 
 from __future__ import annotations
 
-from functools import partial
-
 from .rl import add_arguments, run_stage  # noqa: F401  (the CLI reads add_arguments here)
 
-run = partial(run_stage, stage="rl_e2e")
+
+def run(args, params) -> int:
+    return run_stage(args, params, stage="rl_e2e")
