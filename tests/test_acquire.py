@@ -276,3 +276,33 @@ def test_every_real_scale_acquires_the_models_its_baselines_read(repo_root):
     params["baselines"]["8b"].append({"name": "mine", "folder": "elsewhere/kernels"})
     with pytest.raises(Exception, match=r"baselines.8b\[4\].*outside 'scales.8b.baselines'"):
         validate_params(params)
+
+
+def test_a_corpus_runs_from_an_acquired_file(server, tmp_path, monkeypatch, repo_root):
+    """The chain from acquisition on: a released-format (CuKe-shaped) prompt/response file of
+    the seed corpus's own kernels, served over loopback and fetched by `dicepipe acquire`,
+    is what `dicepipe ingest` reads for a corpus that names it."""
+    import pyarrow.parquet as pq
+    import yaml
+
+    from dicepipe.cli import main
+
+    corpus = repo_root / "data/seed/corpus"
+    rows = [{"prompt": "Optimise this program:\n```python\n" + ref.read_text() + "```",
+             "response": "```python\n" + (corpus / "kernels" / ref.name).read_text() + "```"}
+            for ref in sorted((corpus / "reference").glob("*.py"))[:4]]
+    body = json.dumps(rows).encode()
+    server["files"][served_path()] = body
+    params = yaml.safe_load((repo_root / "params.yaml").read_text())
+    params["acquire"]["CuKe"] = files_spec(server["url"], blob_id(body))
+    params["corpora"]["concur"]["backend"] = "cpu"
+    params["corpora"]["concur"]["source"]["path"] = "data/external/CuKe/CuKe_dataset.json"
+    for scale in ("1p7b", "4b", "8b"):
+        params["scales"][scale]["backend"] = "cpu"  # a cpu corpus is read by cpu scales
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    monkeypatch.chdir(tmp_path)
+    assert main(["acquire", "--name", "CuKe", "--out", "data/external/CuKe"]) == 0
+    assert main(["ingest", "--corpus", "concur", "--out", "data/ingest/concur/samples.parquet",
+                 "--report", "data/ingest/concur/report.json"]) == 0
+    samples = pq.read_table("data/ingest/concur/samples.parquet").to_pylist()
+    assert len(samples) == 4 and all("ModelNew" in s["candidate_code"] for s in samples)
