@@ -393,3 +393,14 @@ def test_differential_names_an_out_of_memory_side():
         ours_oom, {"error": "Traceback ...\ntorch.OutOfMemoryError: CUDA out of memory."}, {}, [])
     assert diff.suggest_reason(dict(record, **{"kb_error_0.0001": "Output mismatch"}), {"error": None},
                                {}, []).startswith("unexplained")
+
+
+def test_one_test_of_max_tolerance():
+    """worker/correctness.within_max_tolerance: the one comparison every worker path uses
+    (trials, the KernelBench gate to timing, timed outputs, the post-timing check)."""
+    from dicepipe.harness.worker.correctness import within_max_tolerance
+
+    settings = {"max_tolerance": 0.01}
+    assert within_max_tolerance(0.0, settings) and within_max_tolerance(0.01, settings)
+    assert not within_max_tolerance(0.0100001, settings)
+    assert not within_max_tolerance(math.inf, settings) and not within_max_tolerance(math.nan, settings)

@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import json
 import math
+from functools import partial
 
 import pyarrow as pa
 import pytest
-from dicepipe.train.rl_reward import (KernelReward, Rollout, extract_code, group_advantages,
+from dicepipe.data.extract import code_from_text
+from dicepipe.train.rl_reward import (KernelReward, Rollout, group_advantages,
                                       latency_bonus)
 from dicepipe.train.rl_tasks import (Task, curriculum_order, released_difficulty, task_schedule,
                                      tasks_from_released_json, tasks_from_split)
@@ -60,8 +62,10 @@ def test_split_rows_pick_the_stage_prompt_and_estimate_missing_levels():
 
 
 def test_extract_takes_the_first_fenced_block():
-    assert extract_code("x\n```python\nA = 1\n```\n```python\nB = 2\n```") == "A = 1\n"
-    assert extract_code("no code here") is None
+    # rollouts keep the first block as written (the release's extraction)
+    first = partial(code_from_text, rule="first", normalise=False)
+    assert first("x\n```python\nA = 1  \n```\n```python\nB = 2\n```") == "A = 1  \n"
+    assert first("no code here") is None and first("```python\n  \n```") is None
 
 
 def test_group_advantages_population_std_and_dropped_groups():

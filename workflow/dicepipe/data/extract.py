@@ -32,6 +32,17 @@ def pick_block(text: str, rule: str = "first") -> str | None:
     raise ValueError(f"unknown code block rule {rule!r}")
 
 
+def code_from_text(text: str, rule: str = "first", *, normalise: bool = True) -> str | None:
+    """The kernel file a model's answer holds: the fenced block `rule` picks, None when there
+    is none or it is blank; normalised (normalise_code) unless asked not to (RL scores the
+    block as written, as the release does). The one extractor of generated code: evaluation,
+    the augment authors and RL rollouts call it."""
+    code = pick_block(text, rule)
+    if not code or not code.strip():
+        return None
+    return normalise_code(code) if normalise else code
+
+
 def reference_from_prompt(prompt: str) -> str | None:
     """The last fenced block that defines `class Model` but not `class ModelNew`."""
     for block in reversed(fenced_blocks(prompt)):

@@ -36,8 +36,7 @@ def candidates_from_texts(tasks: Sequence[Mapping], texts: Sequence[Sequence[str
     for task, samples in zip(tasks, texts):
         for sample, text in enumerate(samples):
             path = kernels_dir / kernel_file_name(task["level"], task["problem_id"], sample)
-            code = extract.pick_block(text, code_block)
-            code = extract.normalise_code(code) if code and code.strip() else None
+            code = extract.code_from_text(text, code_block)
             if code is not None:
                 path.write_text(code)
             out.append(Candidate(task["task_id"], sample, code,

@@ -14,12 +14,11 @@ says how many rows were reused.
 from __future__ import annotations
 
 import logging
-import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import StageInputError
-from ..harness.verdict import is_correct, named_protocol, verdict
+from ..harness.verdict import named_protocol
 
 log = logging.getLogger(__name__)
 REFERENCE_COLUMNS = ("reference_code", "reference", "ref_code")
@@ -132,25 +131,32 @@ def load_pairs_jobs(path: Path, backend: str) -> list:
 
 
 def summarize(table, thresholds: list[float], robust: bool, protocols: dict) -> list[str]:
-    """Counts under each protocol, by name (harness/verdict.py decides every one)."""
+    """Counts under each protocol, by name: evaluation/metrics.py's score_group over the rows,
+    each row its own task (so its Exec, fast_p and geomean are the evaluation's), verdicts
+    from harness/verdict.py."""
+    from ..evaluation.metrics import p_label, score_group
+
     rows = table.to_pylist()
     n = len(rows)
     kind = "robust" if robust else "plain"
+    records = [{"task_id": r["job_id"], "level": 0, "reference_ok": True, "result": r}
+               for r in rows]
     lines = [f"{n} kernels: {sum(bool(r['compiled']) for r in rows)} compiled"]
     for name in protocols:
         protocol = named_protocol(name, protocols)
-        plain = sum(is_correct(r, protocol, robust=False) for r in rows)
-        strict = sum(is_correct(r, protocol, robust=True) for r in rows)
-        lines.append(f"[{name}] {plain} correct, {strict} correct without deception flags")
+        # score_group's shares are means over one-row tasks: times n, the counts
+        plain, strict = ({k: v * n if k != "geomean_speedup" and v is not None else v
+                          for k, v in score_group(records, protocol, flagged, thresholds, []).items()}
+                         if n else {} for flagged in (False, True))
+        lines.append(f"[{name}] {round(plain.get('exec') or 0)} correct, "
+                     f"{round(strict.get('exec') or 0)} correct without deception flags")
+        scores = strict if robust else plain
         for p in thresholds:
-            faster = sum(verdict(r, protocol=protocol, robust=robust, threshold=p) for r in rows)
+            faster = round(scores.get(f"fast_{p_label(p)}_interval") or 0)
             lines.append(f"[{name}] fast_{p:g} ({kind}, interval above {p:g}): {faster}/{n}")
-        speedups = [r["speedup_median"] for r in rows
-                    if is_correct(r, protocol, robust) and r["speedup_median"]]
-        if speedups:
-            geo = math.exp(sum(math.log(s) for s in speedups) / len(speedups))
-            lines.append(f"[{name}] geometric mean speedup over {len(speedups)} {kind}-correct "
-                         f"kernels: {geo:.3f}")
+        if scores.get("geomean_speedup"):
+            lines.append(f"[{name}] geometric mean speedup over the {round(scores['exec'])} "
+                         f"{kind}-correct kernels: {scores['geomean_speedup']:.3f}")
     flagged = {name: sum(bool(r[name]) for r in rows) for name in table.column_names
                if name.startswith("flag_")}
     shown = ", ".join(f"{k[5:]}={v}" for k, v in flagged.items() if v)

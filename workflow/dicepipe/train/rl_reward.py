@@ -15,7 +15,6 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..data.extract import pick_block
 from .rl_tasks import Task
 
 
@@ -35,12 +34,6 @@ class Rollout:
 
 
 Reward = Callable[[Sequence[Rollout]], list[float]]
-
-
-def extract_code(text: str) -> str | None:
-    """The first fenced block, language tag dropped (the release's extraction)."""
-    code = pick_block(text, "first")
-    return code if code and code.strip() else None
 
 
 def latency_bonus(speedup_low: float | None, cap_speedup: float) -> float:

@@ -18,7 +18,8 @@ import torch
 from ..model.decode import Decoder, DecodeSettings
 from .data import stable_seed
 from .parallel import DistEnv
-from .rl_reward import Reward, Rollout, extract_code
+from ..data.extract import code_from_text
+from .rl_reward import Reward, Rollout
 from .rl_tasks import Task
 
 
@@ -90,7 +91,7 @@ def _rollouts_of(result, chunk, prompt_ids, group_ids, tokenizer) -> list[Rollou
     for gen, (task, ids, group) in zip(result.generations, zip(chunk, prompt_ids, group_ids)):
         text = tokenizer.decode(gen.token_ids, skip_special_tokens=True)
         out.append(Rollout(task, group, list(ids), gen.trace_ids, gen.trace_steps, text,
-                           len(gen.token_ids), gen.stopped, extract_code(text)))
+                           len(gen.token_ids), gen.stopped, code_from_text(text, "first", normalise=False)))
     return out
 
 

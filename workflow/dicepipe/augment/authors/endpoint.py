@@ -107,7 +107,7 @@ def parse_completion(raw: bytes) -> Draft:
                      detail=raw[:DETAIL_CHARS].decode(errors="replace"))
     if not isinstance(content, str):
         return Draft(failure="author_bad_response", detail=f"content is {type(content).__name__}")
-    code = extract.pick_block(content, "first")
-    if not code or not code.strip():
+    code = extract.code_from_text(content, "first")
+    if code is None:
         return Draft(failure="author_no_code", detail=content[:DETAIL_CHARS])
-    return Draft(code=extract.normalise_code(code))
+    return Draft(code=code)

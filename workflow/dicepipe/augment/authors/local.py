@@ -95,10 +95,10 @@ class LocalAuthor:
             text = self._decode_with_engine(ids[0].tolist(), tokenizer, digest)
         else:
             text = self._plain_generate(model, tokenizer, ids)
-        code = extract.pick_block(text, "first")
-        if not code or not code.strip():
+        code = extract.code_from_text(text, "first")
+        if code is None:
             return Draft(failure="author_no_code", detail=text[:300])
-        return Draft(code=extract.normalise_code(code))
+        return Draft(code=code)
 
     def _decode_with_engine(self, prompt: list[int], tokenizer, digest: str) -> str:
         from ...model.decode import DecodeSettings

@@ -164,6 +164,13 @@ def tensor_tolerance(r: torch.Tensor, c: torch.Tensor) -> tuple[float, float]:
     return needed, err
 
 
+def within_max_tolerance(needed: float, settings: dict) -> bool:
+    """The one test of a needed tolerance against `harness.measure.max_tolerance` (the
+    loosest any protocol may ask for): what is beyond it is never timed or counted correct.
+    NaN and infinity are beyond it."""
+    return needed <= float(settings["max_tolerance"])
+
+
 def compare(ref, cand) -> tuple[float, float, str]:
     """(tolerance needed, max abs error, what differs most; "" when identical)."""
     ref_items, cand_items = flatten(ref), flatten(cand)

@@ -27,7 +27,7 @@ import traceback
 
 import torch
 
-from .correctness import cuda_context_broken
+from .correctness import cuda_context_broken, within_max_tolerance
 from .extensions import BuildFailedError, ExtensionResolver
 from .guards import TamperGuard
 from .kb_trials import KERNELBENCH_SEED, run_kernelbench_trials
@@ -99,7 +99,7 @@ def _evaluate(msg: dict, ctx, counter, resolver, guard) -> tuple[dict, list[str]
             row["wall_correct_s"] = time.monotonic() - t1
             tampered += guard.check()
             kb_correct = (len(kb) == int(settings["kernelbench_trials"]) > 0
-                          and max(kb) <= settings["max_tolerance"])
+                          and within_max_tolerance(max(kb), settings))
             strict_correct = row["correct"]
             gate = settings.get("timing_gate", "any")
             timed = {"any": strict_correct or kb_correct, "strict": strict_correct,
@@ -110,7 +110,7 @@ def _evaluate(msg: dict, ctx, counter, resolver, guard) -> tuple[dict, list[str]
                                       settings, device, counter, ctx))
                 row["wall_timing_s"] = time.monotonic() - t2
                 tampered += guard.check()
-                _judge_timed_outputs(row, settings["max_tolerance"])
+                _judge_timed_outputs(row, settings)
                 ctx.phase("post", settings["run_timeout_s"])
                 # the post-timing check asks again what was right before timing: varied
                 # inputs only of a kernel that passed them (a kernel right only on as-drawn
@@ -235,7 +235,7 @@ def _context_broken(device: str, error: str | None) -> bool:
     return cuda_context_broken()
 
 
-def _judge_timed_outputs(row: dict, max_tolerance: float) -> None:
+def _judge_timed_outputs(row: dict, settings: dict) -> None:
     """Timed outputs that differ from the reference's for the same values: the candidate
     served them from a cache (or went wrong under load). Either way the row is incorrect and
     what was timed is not reported as a speedup."""
@@ -244,7 +244,7 @@ def _judge_timed_outputs(row: dict, max_tolerance: float) -> None:
     if timed is None:
         return
     row["tolerance_needed"] = max(row.get("tolerance_needed") or 0.0, timed)
-    if timed <= max_tolerance:
+    if within_max_tolerance(timed, settings):
         return
     row["correct"] = False
     row["error"] = ("timing: a timed output differs from the reference's for the same "

@@ -232,7 +232,7 @@ def run_timing(get_inputs, ref_model, cand_model, seed: int, settings: dict, dev
     out["timed_tolerance_needed"], out["timed_check_reason"] = worst.worst, worst.reason
     ref_medians = sorted(out["ref_runtime_ms"])
     out["launch_bound"] = ref_medians[len(ref_medians) // 2] < settings["launch_bound_floor_ms"]
-    if settings.get("kernelbench_timing") and worst.worst <= settings["max_tolerance"]:
+    if settings.get("kernelbench_timing") and C.within_max_tolerance(worst.worst, settings):
         ctx.phase("timing:kernelbench", settings["run_timeout_s"])
         args = C.draw_inputs(get_inputs, seed + 80_000, device)
         ref_mean = measure_kernelbench_style(ref_model, args, clock)

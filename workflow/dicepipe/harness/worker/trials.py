@@ -161,7 +161,7 @@ def check_correctness(get_inputs, ref_model, cand_model, seed: int, settings: di
                         flags["flag_input_insensitive"] = True
             result["max_abs_error"] = max(result["max_abs_error"], outcome["max_err"])
             result["tolerance_needed"] = max(result["tolerance_needed"], outcome["tolerance"])
-            if outcome["tolerance"] <= max_tolerance:
+            if C.within_max_tolerance(outcome["tolerance"], settings):
                 result["correct_trials_passed"] += 1
             elif first_failure is None:
                 first_failure = f"trial {trial} ({outcome['variant']}): {outcome['reason']}"
@@ -189,6 +189,6 @@ def post_timing_check(get_inputs, ref_model, cand_model, seed: int, settings: di
         for offset, variant in checks:
             outcome = run_trial(get_inputs, ref_model, cand_model, seed + offset, variant,
                                 device)
-            if not outcome["tolerance"] <= settings["max_tolerance"]:
+            if not C.within_max_tolerance(outcome["tolerance"], settings):
                 return False
     return True
