@@ -501,6 +501,12 @@ def _resolve(node: dict, root: dict) -> dict:
     return node
 
 
+def is_hub_id(ref: str) -> bool:
+    """`owner/name` read as a hub repository id (what loaders fetch when no such local folder
+    exists): one slash, not a relative or absolute path."""
+    return ref.count("/") == 1 and not ref.startswith((".", "/", "~"))
+
+
 def _check_scale_baselines(params: dict, source: str) -> None:
     """`scales.<s>.baselines` is the folder both runners track for the scale's baselines (DVC
     cannot look into baselines.<s>): every folder and local model they read lies inside it.
@@ -524,8 +530,7 @@ def _check_scale_baselines(params: dict, source: str) -> None:
             if not isinstance(path, str):
                 continue
             local = PurePosixPath(path.rstrip("/"))
-            hub_id = path.count("/") == 1 and not path.startswith((".", "/", "~")) \
-                and "folder" not in entry and local.parts[0] not in ("data", "models")
+            hub_id = "model" in entry and is_hub_id(path) and local.parts[0] != "data"
             if hub_id or local.parts[0] == "models" or local == root or root in local.parents:
                 continue
             raise ConfigError(

@@ -23,6 +23,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from ..config import is_hub_id
 from ..errors import ConfigError, ModelError
 
 log = logging.getLogger(__name__)
@@ -120,8 +121,7 @@ def load_generator(model_ref: str | dict, name: str, settings: GenerationSetting
         folder = Path(loaded.settings.source)
     else:
         local = Path(model_ref).expanduser()
-        hub_id = model_ref.count("/") == 1 and not model_ref.startswith((".", "/", "~"))
-        if not local.exists() and not hub_id:
+        if not local.exists() and not is_hub_id(model_ref):
             raise ModelError(f"{model_ref}: no such model folder. Expected a checkpoint a stage "
                              "saved (models/<stage>/<scale>), a transformers folder or a hub id; "
                              "run the stage that writes it first.")

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ..config import is_hub_id
 from ..errors import ModelError
 from .settings import BLOCK_SETTINGS_FILE, BlockSettings
 from .tokenizer import chat_format, stop_token_ids
@@ -35,10 +36,6 @@ class LoadedModel:
     settings: BlockSettings
 
 
-def _is_hub_id(path: str) -> bool:
-    return path.count("/") == 1 and not path.startswith((".", "/", "~"))
-
-
 def resolve_checkpoint(spec: dict, name: str, allow_download: bool = False) -> Path:
     """The local folder of a checkpoint spec; raise ModelError at once if it is not there."""
     path = spec.get("path")
@@ -46,7 +43,7 @@ def resolve_checkpoint(spec: dict, name: str, allow_download: bool = False) -> P
         raise ModelError(f"params.yaml: key 'models.{name}.path' is missing. Set it to a hub id "
                          "or a local checkpoint folder.")
     local = Path(path).expanduser()
-    if local.exists() or not _is_hub_id(path):
+    if local.exists() or not is_hub_id(path):
         _check_folder(local, f"models.{name}.path")
         return local
     from huggingface_hub import snapshot_download

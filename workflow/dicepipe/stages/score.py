@@ -142,20 +142,23 @@ def summarize(table, thresholds: list[float], robust: bool, protocols: dict) -> 
     records = [{"task_id": r["job_id"], "level": 0, "reference_ok": True, "result": r}
                for r in rows]
     lines = [f"{n} kernels: {sum(bool(r['compiled']) for r in rows)} compiled"]
+
+    def count(share):  # score_group's shares are means over one-row tasks
+        return round((share or 0) * n)
+
     for name in protocols:
         protocol = named_protocol(name, protocols)
-        # score_group's shares are means over one-row tasks: times n, the counts
-        plain, strict = ({k: v * n if k != "geomean_speedup" and v is not None else v
-                          for k, v in score_group(records, protocol, flagged, thresholds, []).items()}
-                         if n else {} for flagged in (False, True))
-        lines.append(f"[{name}] {round(plain.get('exec') or 0)} correct, "
-                     f"{round(strict.get('exec') or 0)} correct without deception flags")
+        plain, strict = (score_group(records, protocol, flagged, thresholds, []) if n else {}
+                         for flagged in (False, True))
+
+        lines.append(f"[{name}] {count(plain.get('exec'))} correct, "
+                     f"{count(strict.get('exec'))} correct without deception flags")
         scores = strict if robust else plain
         for p in thresholds:
-            faster = round(scores.get(f"fast_{p_label(p)}_interval") or 0)
+            faster = count(scores.get(f"fast_{p_label(p)}_interval"))
             lines.append(f"[{name}] fast_{p:g} ({kind}, interval above {p:g}): {faster}/{n}")
         if scores.get("geomean_speedup"):
-            lines.append(f"[{name}] geometric mean speedup over the {round(scores['exec'])} "
+            lines.append(f"[{name}] geometric mean speedup over the {count(scores['exec'])} "
                          f"{kind}-correct kernels: {scores['geomean_speedup']:.3f}")
     flagged = {name: sum(bool(r[name]) for r in rows) for name in table.column_names
                if name.startswith("flag_")}
