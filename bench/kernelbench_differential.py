@@ -30,9 +30,13 @@ correctness only, params.yaml's harness settings, in chunks. Both sides run at t
 GPU memory: level 1's inputs and outputs run to several GB per problem, and KernelBench's
 `--kb-jobs` children and our `--harness-workers` share the one GPU: run concurrently they run
 out of GPU memory (session 10: 29 of 31 level-1 differences were a side's CUDA OOM). For
-level 1 use `--sequential --kb-jobs 4 --harness-workers 2`; re-runs of disagreements go
+level 1 use `--sequential --kb-jobs 2 --harness-workers 1`; re-runs of disagreements go
 `--rerun-jobs` (1) at a time, KernelBench's first, and an OOM on either side is named in
-the reason.
+the reason. Session 11 measured why: at `--kb-jobs 4` KernelBench's children hold 42-50 GB
+each on the big level-1 problems (10 of 100 copies still hit CUDA OOM), and our workers read
+memory for the whole device, so several on one GPU count each other's allocations as a leak
+and are replaced after most jobs (3 workers: 36 pairs in 7 minutes; one worker alone does a
+level-1 copy in 1-2 s). The pipeline itself runs one worker per GPU.
 
 Cost: host-side input draws dominate. Both KernelBench and the harness's KernelBench trials
 draw `get_inputs()` on the CPU (serial: ~4 ns an element on the 2-core VM), and one draw of
@@ -698,7 +702,8 @@ def parse_args(argv=None):
                         help="host memory the KernelBench processes' input sets may take at once")
     parser.add_argument("--harness-workers", type=int, default=4,
                         help="our harness's device workers on the one GPU (correctness only, "
-                             "so they may share it; cuda backend)")
+                             "so they may share it; cuda backend). Level 1: use 1, since "
+                             "workers sharing a GPU count each other's memory as leaks")
     parser.add_argument("--harness-chunk", type=int, default=64,
                         help="pairs per harness call (the budget is checked between calls; 0: one)")
     parser.add_argument("--cuda-arch", default=None, help="TORCH_CUDA_ARCH_LIST for KernelBench's builds")
