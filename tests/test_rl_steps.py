@@ -106,7 +106,8 @@ def test_kernel_reward_uses_the_robust_verdict_and_profile():
     for row in rows.values():  # KernelBench's 5 trials, each needing what the strict check did
         row["kb_trial_tolerance"] = [row["tolerance_needed"]] * 5
     session = FakeSession(rows)
-    reward = KernelReward(session, named_protocol("kernelbench"), robust=True, backend="cpu")
+    reward = KernelReward(session, named_protocol("kernelbench"), robust=True, backend="cpu",
+                          latency_weight=0.0, latency_cap_speedup=4.0)
     rollouts = [_rollout(c) for c in ("good", "loose", "deceptive", "broken", None)]
     assert reward(rollouts) == [1.0, 0.0, 0.0, 0.0, 0.0]
     assert len(session.calls[0][0]) == 4 and session.calls[0][1] is False  # correctness only

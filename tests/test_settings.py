@@ -124,6 +124,7 @@ PARAMS_BACKED = {
     "GenerationSettings": ("evaluate.defaults",),
     "Scale": ("scales.*",),
     "Protocol": ("protocols.*",),
+    "KernelReward": ("rl.defaults",),
 }
 # Dataclasses whose field names look like params keys but which params never build directly.
 NOT_PARAMS_BACKED = {

@@ -19,6 +19,7 @@ import sys
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import hygiene
@@ -34,24 +35,23 @@ WATCH_INTERVAL_S = 0.5
 _SPAWNER = ThreadPoolExecutor(max_workers=1, thread_name_prefix="worker-spawner")
 
 
+@dataclass(eq=False)  # a worker is one process: compared and hashed by identity
 class WorkerProcess:
-    def __init__(self, role: str, root: Path, index: int, config: dict, env: dict[str, str],
-                 start_timeout_s: float, memory_limit_mb: int | None):
-        self.role = role
-        self.root = root
-        self.index = index
-        self.config = config
-        self.env_extra = env
-        self.start_timeout_s = start_timeout_s
-        self.memory_limit_mb = memory_limit_mb
-        self.generation = 0
-        self.proc: subprocess.Popen | None = None
-        self.channel: Channel | None = None
-        self.folder: Path | None = None
-        self.sandbox = ""
-        self.restarts = 0
-        self.memory_baseline: dict = {}  # what the process held when it became ready
-        self.excess_mb: dict = {}  # what it held beyond that after its last job
+    role: str
+    root: Path
+    index: int
+    config: dict
+    env_extra: dict[str, str]
+    start_timeout_s: float
+    memory_limit_mb: int | None
+    generation: int = 0
+    proc: subprocess.Popen | None = None
+    channel: Channel | None = None
+    folder: Path | None = None
+    sandbox: str = ""
+    restarts: int = 0
+    memory_baseline: dict = field(default_factory=dict)  # what it held when it became ready
+    excess_mb: dict = field(default_factory=dict)  # what it held beyond that after its last job
 
     # --- life cycle -------------------------------------------------------------------------
 

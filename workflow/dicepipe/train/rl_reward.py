@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import KW_ONLY, dataclass, field
 
 import torch
 
@@ -45,19 +45,19 @@ def latency_bonus(speedup_low: float | None, cap_speedup: float) -> float:
     return min(1.0, math.log(speedup_low) / math.log(cap_speedup))
 
 
+@dataclass(eq=False)
 class KernelReward:
     """1 for compiled and correct (verdict under `protocol`, robust if asked) + latency_weight
     x latency_bonus. Speed is measured only when latency_weight > 0."""
 
-    def __init__(self, session, protocol, *, robust: bool, backend: str, latency_weight: float = 0.0,
-                 latency_cap_speedup: float = 4.0):
-        self.session = session
-        self.protocol = protocol
-        self.robust = robust
-        self.backend = backend
-        self.latency_weight = latency_weight
-        self.latency_cap_speedup = latency_cap_speedup
-        self.calls = 0
+    session: object
+    protocol: object
+    _: KW_ONLY
+    robust: bool
+    backend: str
+    latency_weight: float
+    latency_cap_speedup: float
+    calls: int = field(default=0, init=False)
 
     def __call__(self, rollouts: Sequence[Rollout]) -> list[float]:
         from ..harness import Job

@@ -265,13 +265,7 @@ torch::Tensor plain_mlp(torch::Tensor x, torch::Tensor w_in, torch::Tensor b_in,
   float* hp = h.data_ptr<float>();
   const float* bp = bias.data_ptr<float>();
   const int64_t n = h.size(0);
-  const int64_t chunk = std::max<int64_t>(1, rows_per_task);
-  const int64_t tasks = (n + chunk - 1) / chunk;
-  const int nthreads = threads > 0 ? static_cast<int>(threads) : at::get_num_threads();
-#pragma omp parallel for num_threads(nthreads) schedule(static)
-  for (int64_t t = 0; t < tasks; ++t) {
-    const int64_t end = std::min(n, (t + 1) * chunk);
-    for (int64_t r = t * chunk; r < end; ++r) {
+@ROW_TASKS@
       float* row = hp + r * width;
       if (bias_in_gemm) {
 #pragma omp simd
@@ -307,13 +301,7 @@ torch::Tensor rmsnorm_linear(torch::Tensor x, torch::Tensor norm_weight, torch::
   const float* wp = weight.data_ptr<float>();
   float* np_ = normed.data_ptr<float>();
   const int64_t n = rows.size(0);
-  const int64_t chunk = std::max<int64_t>(1, rows_per_task);
-  const int64_t tasks = (n + chunk - 1) / chunk;
-  const int nthreads = threads > 0 ? static_cast<int>(threads) : at::get_num_threads();
-#pragma omp parallel for num_threads(nthreads) schedule(static)
-  for (int64_t t = 0; t < tasks; ++t) {
-    const int64_t end = std::min(n, (t + 1) * chunk);
-    for (int64_t r = t * chunk; r < end; ++r) {
+@ROW_TASKS@
       const float* xr = xp + r * hidden;
       float* yr = np_ + r * hidden;
       float squares = 0.f;
@@ -331,8 +319,19 @@ torch::Tensor rmsnorm_linear(torch::Tensor x, torch::Tensor norm_weight, torch::
 }
 '''
 
+# The loop head of the row-parallel passes: rows in tasks of rows_per_task, one OpenMP thread
+# per task (`threads` of them, 0 = torch's pool); the pass's body follows, indexed by r.
+_ROW_TASKS = """\
+  const int64_t chunk = std::max<int64_t>(1, rows_per_task);
+  const int64_t tasks = (n + chunk - 1) / chunk;
+  const int nthreads = threads > 0 ? static_cast<int>(threads) : at::get_num_threads();
+#pragma omp parallel for num_threads(nthreads) schedule(static)
+  for (int64_t t = 0; t < tasks; ++t) {
+    const int64_t end = std::min(n, (t + 1) * chunk);
+    for (int64_t r = t * chunk; r < end; ++r) {"""
+
 SOURCES = {
-    name: source.replace("@FAST_MATH@", _FAST_MATH)
+    name: source.replace("@FAST_MATH@", _FAST_MATH).replace("@ROW_TASKS@", _ROW_TASKS)
     for name, source in (("attention", ATTENTION), ("gated_mlp", GATED_MLP),
                          ("plain_mlp", PLAIN_MLP), ("rmsnorm_proj", RMSNORM_PROJ))
 }

@@ -297,12 +297,7 @@ __global__ void gate_kernel(const float* __restrict__ gate, const float* __restr
   }
 }
 
-int sm_count() {
-  int device = 0, sms = 0;
-  C10_CUDA_CHECK(cudaGetDevice(&device));
-  C10_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
-  return sms;
-}
+@SM_COUNT@
 
 }  // namespace
 
@@ -373,12 +368,7 @@ __global__ void bias_gelu_kernel(float* __restrict__ h, const float* __restrict_
   }
 }
 
-int sm_count() {
-  int device = 0, sms = 0;
-  C10_CUDA_CHECK(cudaGetDevice(&device));
-  C10_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
-  return sms;
-}
+@SM_COUNT@
 
 }  // namespace
 
@@ -467,11 +457,19 @@ torch::Tensor rmsnorm_linear(torch::Tensor x, torch::Tensor norm_weight, torch::
 }
 '''
 
+# The number of SMs on the current device, for grid sizes (in the sources that need it).
+_SM_COUNT = """\
+int sm_count() {
+  int device = 0, sms = 0;
+  C10_CUDA_CHECK(cudaGetDevice(&device));
+  C10_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  return sms;
+}"""
+
 SOURCES = {
-    "attention": ATTENTION,
-    "gated_mlp": GATED_MLP,
-    "plain_mlp": PLAIN_MLP,
-    "rmsnorm_proj": RMSNORM_PROJ,
+    name: source.replace("@SM_COUNT@", _SM_COUNT)
+    for name, source in (("attention", ATTENTION), ("gated_mlp", GATED_MLP),
+                         ("plain_mlp", PLAIN_MLP), ("rmsnorm_proj", RMSNORM_PROJ))
 }
 
 # C++ prototypes for load_inline's cpp_sources (it writes the Python bindings from them).
