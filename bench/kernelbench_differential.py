@@ -448,12 +448,14 @@ def run_harness(pairs: list[dict], args, state: Path, run_index: int = 0,
     """pair key -> our result row (correctness only). Run 0 resumes from its journal; a rerun
     uses fresh job ids in a fresh session, so nothing is copied from an earlier row. Pairs
     with builds go first; with a deadline, no new chunk starts after it."""
+    suffix = "" if run_index == 0 else f"@rerun{run_index}"
+    results = state / "harness" / f"results_run{run_index}.parquet"
+    if args.from_state or args.skip_harness:
+        return saved_rows(pairs, results, suffix)
     from dicepipe.harness import HarnessSession, Job
 
     settings, _ = harness_settings(args)
-    suffix = "" if run_index == 0 else f"@rerun{run_index}"
     ordered = sorted(pairs, key=lambda p: p["build_group"] is None)
-    results = state / "harness" / f"results_run{run_index}.parquet"
     results.parent.mkdir(parents=True, exist_ok=True)
     began = time.monotonic()
     rows: dict = {}
@@ -472,6 +474,17 @@ def run_harness(pairs: list[dict], args, state: Path, run_index: int = 0,
             log(f"harness run {run_index}: {len(rows)}/{len(ordered)} pairs, "
                 f"{time.monotonic() - began:.0f} s ({session.last_summary.line()})")
     return rows
+
+
+def saved_rows(pairs: list[dict], results: Path, suffix: str) -> dict:
+    """pair key -> our row as a results file holds it (--from-state: the content keys name the
+    machine's toolchain, so a session on another machine would not reuse them)."""
+    if not results.is_file():
+        return {}
+    import pyarrow.parquet as pq
+
+    by_job = {row["job_id"]: row for row in pq.read_table(results).to_pylist()}
+    return {p["key"]: by_job[p["pair_id"] + suffix] for p in pairs if p["pair_id"] + suffix in by_job}
 
 
 # ---------------------------------------------------------------- comparison (pure)
@@ -553,11 +566,20 @@ def suggest_reason(record: dict, row: dict | None, facts: dict | None, reruns: l
                        f"{len(reruns)} re-run(s)")
     elif reruns:
         reasons.append(f"reproduced in {len(reruns)} re-run(s)")
-    errors = " ".join(str(x) for x in ((row or {}).get("error"), record.get("kb_error_0.0001"),
-                                       record.get("kb_error_0.01")) if x)
-    if any(s in errors.lower() for s in ("out of memory", "outofmemoryerror", "worker memory passed")):
-        reasons.append("out of memory: a side ran out of GPU or worker memory (KernelBench's jobs "
-                       "and our workers share one GPU; the re-runs go one job at a time)")
+    theirs = " ".join(str(x) for x in (record.get("kb_error_0.0001"), record.get("kb_error_0.01")) if x)
+    ours = str((row or {}).get("error") or "")
+    if any(s in theirs.lower() for s in ("out of memory", "outofmemoryerror")):
+        reasons.append("out of memory: KernelBench ran out of GPU memory (its jobs and our "
+                       "workers share one GPU; the re-runs go fewer at a time)")
+    if any(s in ours.lower() for s in ("out of memory", "outofmemoryerror")):
+        reasons.append("out of memory: our worker ran out of GPU memory (shared GPU)")
+    if "worker memory passed" in ours.lower():
+        reasons.append("our worker's host memory limit (harness.measure.memory_limit_mb; "
+                       "KernelBench runs without one)")
+    if "timeout" in ours.lower() and not any(record.get(f"kb_status_{t}") == "timeout"
+                                            for t in ("0.0001", "0.01")):
+        reasons.append("our run phase limit (harness.measure.run_timeout_s; KernelBench's "
+                       "script gives a pair 180 s)")
     for tag in ("0.0001", "0.01"):
         if record.get(f"kb_status_{tag}") == "timeout":
             reasons.append(f"KernelBench's run at {tag} timed out")
@@ -613,8 +635,26 @@ def _our_cell(record: dict, protocol: str) -> str:
     return f"{_yn(record.get('ours_compiled'))}, {_yn(record.get(f'ours_{protocol}') == 'accepted')}"
 
 
+def _our_yn(record: dict, protocol: str) -> str:
+    verdict = record.get(f"ours_{protocol}")
+    return _yn(None if verdict is None else verdict == "accepted")
+
+
 def _yn(value) -> str:
     return "-" if value is None else ("yes" if value else "no")
+
+
+def add_reruns(rerun_data: dict, pairs, kb_entries, rows, tolerances, protocols, run_index) -> None:
+    """Re-run `run_index` of each pair, for the pairs it has a result of on either side (a
+    budget can end the re-runs part way: a pair not re-run is not "reproduced")."""
+    for pair in pairs:
+        rerun = dict(kb_verdicts(kb_entries, pair["key"], tolerances, run_index),
+                     **ours_verdicts(rows.get(pair["key"]), protocols), run=run_index)
+        if all(rerun.get(f) is None for f in RERUN_FIELDS):
+            continue
+        for protocol, tol in PROTOCOLS.items():
+            rerun[f"agree_{protocol}"] = compare(rerun, protocol, tol)
+        rerun_data.setdefault(pair["key"], []).append(rerun)
 
 
 def build_records(pairs, rows, kb_entries, tolerances, protocols, facts, rerun_data) -> list[dict]:
@@ -634,8 +674,7 @@ def build_records(pairs, rows, kb_entries, tolerances, protocols, facts, rerun_d
         reruns = rerun_data.get(pair["key"], [])
         record["reruns"] = "; ".join(
             f"run {r['run']}: kb {_yn(r.get('kb_correct_0.0001'))}/{_yn(r.get('kb_correct_0.01'))}"
-            f" ours {_yn(r.get('ours_kernelbench') == 'accepted')}/"
-            f"{_yn(r.get('ours_kernelbench_v0') == 'accepted')}" for r in reruns)
+            f" ours {_our_yn(r, 'kernelbench')}/{_our_yn(r, 'kernelbench_v0')}" for r in reruns)
         disagree = any(record[f"agree_{p}"] is False for p in PROTOCOLS)
         record["reason"] = (suggest_reason(record, row, facts.get(pair["key"]), reruns)
                             if disagree else "")
@@ -712,7 +751,8 @@ def parse_args(argv=None):
                         help="run KernelBench's side first, then ours (default: at the same time; "
                              "the harness then replaces workers for memory the other side used)")
     parser.add_argument("--skip-kernelbench", action="store_true")
-    parser.add_argument("--skip-harness", action="store_true")
+    parser.add_argument("--skip-harness", action="store_true",
+                        help="run nothing on our side: our rows are those --state's results files hold")
     parser.add_argument("--kb-emulate-cpu", action="store_true",
                         help="test mode without CUDA: KernelBench's CUDA calls become no-ops")
     parser.add_argument("--rerun-disagreements", type=int, default=0, metavar="N",
@@ -720,6 +760,9 @@ def parse_args(argv=None):
     parser.add_argument("--rerun-jobs", type=int, default=1,
                         help="re-runs of disagreements: KernelBench's jobs at a time, then our "
                              "device workers (1: each job alone on the GPU)")
+    parser.add_argument("--from-state", action="store_true",
+                        help="run nothing: build the tables from what --state holds (KernelBench's "
+                             "journal, our results files, diagnoses), e.g. on a laptop after a GPU run")
     parser.add_argument("--budget-s", type=float, default=None,
                         help="start no new KernelBench pair, and no re-run, after this many seconds")
     return parser.parse_args(argv)
@@ -754,15 +797,14 @@ def main(argv=None) -> int:
         walls["kernelbench"] = round(time.monotonic() - start, 1)
 
     thread = None
-    if not args.skip_kernelbench:
+    if not (args.skip_kernelbench or args.from_state):
         thread = threading.Thread(target=kb_side, daemon=True)
         thread.start()
         if args.sequential:
             thread.join()
-    if not args.skip_harness:
-        start = time.monotonic()
-        rows = run_harness(pairs, args, state, 0, deadline)
-        walls["harness"] = round(time.monotonic() - start, 1)
+    start = time.monotonic()
+    rows = run_harness(pairs, args, state, 0, deadline)  # saved rows only under --skip-harness
+    walls["harness"] = round(time.monotonic() - start, 1)
     if thread is not None:
         thread.join()
     if errors:
@@ -773,9 +815,18 @@ def main(argv=None) -> int:
     records = build_records(pairs, rows, entries, tolerances, protocols, {}, {})
     disagreeing = [p for p, r in zip(pairs, records) if r["reason"]]
     facts, rerun_data = {}, {}
-    if disagreeing and not args.skip_kernelbench:
-        log(f"{len(disagreeing)} disagreements: diagnosing their references")
-        facts = kb.diagnose(disagreeing)
+    if disagreeing and args.from_state:
+        facts = {e["key"]: e for e in Journal(state / "diagnose.jsonl").read()}
+        for run_index in range(1, args.rerun_disagreements + 1):
+            again = run_harness(disagreeing, args, state, run_index)
+            add_reruns(rerun_data, disagreeing, entries, again, tolerances, protocols, run_index)
+    elif disagreeing and not args.skip_kernelbench:
+        # out-of-memory ones are explained already, and running their multi-GB references
+        # again only to diagnose them takes minutes each
+        unexplained = [p for p, r in zip(pairs, records)
+                       if r["reason"] and "out of memory" not in r["reason"]]
+        log(f"{len(disagreeing)} disagreements: diagnosing the references of {len(unexplained)}")
+        facts = kb.diagnose(unexplained)
         for run_index in range(1, args.rerun_disagreements + 1):
             if deadline is not None and time.monotonic() > deadline:
                 log("budget spent: no more re-runs")
@@ -786,15 +837,9 @@ def main(argv=None) -> int:
             alone = argparse.Namespace(**{**vars(args), "kb_jobs": args.rerun_jobs,
                                           "harness_workers": args.rerun_jobs})
             KernelBenchSide(alone, state).run(disagreeing, run_index, deadline)
-            again = ({} if args.skip_harness
-                     else run_harness(disagreeing, alone, state, run_index, deadline))
+            again = run_harness(disagreeing, alone, state, run_index, deadline)
             entries = kb.done()
-            for pair in disagreeing:
-                rerun = dict(kb_verdicts(entries, pair["key"], tolerances, run_index),
-                             **ours_verdicts(again.get(pair["key"]), protocols), run=run_index)
-                for protocol, tol in PROTOCOLS.items():
-                    rerun[f"agree_{protocol}"] = compare(rerun, protocol, tol)
-                rerun_data.setdefault(pair["key"], []).append(rerun)
+            add_reruns(rerun_data, disagreeing, entries, again, tolerances, protocols, run_index)
     records = build_records(pairs, rows, entries, tolerances, protocols, facts, rerun_data)
     walls["total"] = round(time.monotonic() - began, 1)
     stubs = {s for e in entries.values() for s in e.get("stubs") or []}

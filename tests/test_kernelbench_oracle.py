@@ -395,6 +395,52 @@ def test_differential_names_an_out_of_memory_side():
                                {}, []).startswith("unexplained")
 
 
+def _differential():
+    sys.path.insert(0, str(REPO_ROOT / "bench"))
+    try:
+        import kernelbench_differential as diff
+    finally:
+        sys.path.remove(str(REPO_ROOT / "bench"))
+    return diff
+
+
+def test_differential_names_our_limits_and_counts_only_reached_reruns(tmp_path):
+    """Session 12's level 1: L1/45 failed our worker's host memory limit (KernelBench has
+    none); a re-run budget that ended before L1/59 must not call its difference "reproduced";
+    and the tables can be rebuilt from a saved results file on a machine without a GPU."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    diff = _differential()
+    ours_failed = {"ours_compiled": True, "ours_kernelbench": "incorrect",
+                   "ours_kernelbench_v0": "incorrect", "kb_compiled_0.0001": True,
+                   "kb_correct_0.0001": True, "kb_compiled_0.01": True, "kb_correct_0.01": True,
+                   "kb_status_0.0001": "ok", "agree_kernelbench": False, "agree_kernelbench_v0": False}
+    row = {"error": "memory: worker memory passed 16384 MB (phase correct)"}
+    assert diff.suggest_reason(ours_failed, row, {}, []).startswith("our worker's host memory limit")
+    row = {"error": "timeout: no answer within 120 s (phase correct)"}
+    assert diff.suggest_reason(ours_failed, row, {}, []).startswith("our run phase limit")
+
+    protocols = {name: named_protocol(name, None) for name in diff.PROTOCOLS}
+    pairs = [{"key": "a", "pair_id": "copy/L1/21"}, {"key": "b", "pair_id": "copy/L1/59"}]
+    entries = {("a", tol, 1): {"compiled": True, "correctness": True, "status": "ok", "metadata": {}}
+               for tol in (1e-4, 1e-2)}
+    reruns: dict = {}
+    diff.add_reruns(reruns, pairs, entries, {}, [1e-4, 1e-2], protocols, 1)
+    assert list(reruns) == ["a"] and reruns["a"][0]["kb_correct_0.0001"] is True
+    kb_oom = dict(ours_failed, **{"ours_kernelbench": "accepted", "ours_kernelbench_v0": "accepted",
+                                  "kb_correct_0.0001": False, "kb_correct_0.01": False,
+                                  "kb_error_0.0001": "CUDA out of memory. Tried to allocate 7.00 GiB"})
+    assert "reproduced" not in diff.suggest_reason(kb_oom, {"error": None}, {}, reruns.get("b", []))
+    assert "nondeterministic" in diff.suggest_reason(kb_oom, {"error": None}, {}, reruns["a"])
+
+    results = tmp_path / "results_run1.parquet"
+    pq.write_table(pa.Table.from_pylist([{"job_id": "copy/L1/21@rerun1", "compiled": True}]), results)
+    assert diff.saved_rows(pairs, results, "@rerun1") == {"a": {"job_id": "copy/L1/21@rerun1",
+                                                               "compiled": True}}
+    assert diff.saved_rows(pairs, tmp_path / "absent.parquet", "") == {}
+
+
 def test_one_test_of_max_tolerance():
     """worker/correctness.within_max_tolerance: the one comparison every worker path uses
     (trials, the KernelBench gate to timing, timed outputs, the post-timing check)."""

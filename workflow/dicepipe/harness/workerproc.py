@@ -135,7 +135,7 @@ class WorkerProcess:
             return []
         now = self._memory_now(reported)
         self.excess_mb = hygiene.excess_mb(self.memory_baseline, now, self.excess_mb)
-        limits = hygiene.leak_limits_mb(int(self.config.get("memory_mb") or 16384),
+        limits = hygiene.leak_limits_mb(int(self.config["memory_mb"]),
                                         self.memory_baseline.get("device_total_mb"))
         return hygiene.leaked(self.excess_mb, limits)
 
