@@ -9,7 +9,7 @@ verdict with a speedup near 1; none is robust (no kernel of its own: flag_no_ker
 
 `generate`: generation time of an 8B-shaped model with random weights (config.json of
 SDAR-8B-Chat, its tokenizer and chat template) on one level's prompts, through the same
-code path as the stage (evaluation.generate.generate_texts: batches sorted by prompt length,
+code path as the stage (model.generate.generate_texts: batches sorted by prompt length,
 block diffusion, 4 denoising steps per block of 4, greedy, up to 4096 new tokens), then
 extrapolated to the 250 tasks. Random weights rarely write an end-of-turn token, so rows
 run to the token limit: the release's worst case, an upper bound for a trained model.
@@ -109,7 +109,7 @@ def run_generate(args) -> dict:
     import torch
     from dicepipe.config import stage_settings
     from dicepipe.data.prompts import end_to_end_prompt
-    from dicepipe.evaluation.generate import GenerationSettings, Generator, generate_texts
+    from dicepipe.model.generate import GenerationSettings, Generator, generate_texts
     from dicepipe.model.decode import Decoder, DecodeSettings
     from dicepipe.model.loading import qwen3_config_from_checkpoint
     from dicepipe.model.settings import BlockSettings

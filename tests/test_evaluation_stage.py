@@ -113,7 +113,7 @@ def _read_csv(path: Path) -> list[dict]:
 def _scripted_model(monkeypatch, author) -> None:
     """The evaluated model decodes through a scripted author (tests/scripted_policy.py) in
     place of its Decoder, the interface generation calls; baselines load as they are."""
-    from dicepipe.evaluation import generate
+    from dicepipe.model import generate
     from scripted_policy import ScriptedDecoder
 
     real_load = generate.load_generator
@@ -218,7 +218,7 @@ def test_hub_benchmark_reads_each_level_split(monkeypatch):
 def test_generation_resumes_from_its_journal(repo_root, tmp_path):
     """Finished batches are journaled; a second run with the same journal decodes nothing."""
     from dicepipe.config import schema_defaults
-    from dicepipe.evaluation.generate import GenerationSettings, generate_texts, load_generator
+    from dicepipe.model.generate import GenerationSettings, generate_texts, load_generator
 
     _save_tiny_block_model(tmp_path / "m", repo_root)
     settings = GenerationSettings.from_params(

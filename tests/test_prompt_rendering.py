@@ -24,7 +24,7 @@ def sdar_tokenizer():
 def test_sft_evaluation_and_local_author_render_the_same_ids(sdar_tokenizer):
     from dicepipe.augment.authors.local import LocalAuthor
     from dicepipe.data.prompts import end_to_end_prompt, response_text
-    from dicepipe.evaluation.generate import _stop_ids
+    from dicepipe.model.generate import _stop_ids
     from dicepipe.model.tokenizer import (
         IGNORE_INDEX,
         chat_format,
@@ -40,7 +40,7 @@ def test_sft_evaluation_and_local_author_render_the_same_ids(sdar_tokenizer):
     sft_prompt = [i for i, label in zip(sft.input_ids, sft.labels) if label == IGNORE_INDEX]
     evaluation = encode_prompts(tok, None, [user])[0]  # what evaluate's generation sends
     author = LocalAuthor({"path": str(SDAR), "max_new_tokens": 8, "temperature": 0.0}, "cuda")
-    local = author._prompt_ids(tok, user)[0].tolist()
+    local = author._prompt_ids(tok, user)
     assert sft_prompt == evaluation == local
     # RL rollouts (both stages): the task's prompt as encode_tasks renders it
     from dicepipe.train.rl_tasks import Task, encode_tasks

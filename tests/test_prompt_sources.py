@@ -95,7 +95,7 @@ def test_kernelbench_evaluation_prompt_equals_kernelbench_and_the_chat_template(
         sdar_tokenizer, kernelbench_constructor):
     from dicepipe.config import schema_defaults
     from dicepipe.data.prompt_sources import evaluation_prompt, kernelbench_prompt, source_tree
-    from dicepipe.evaluation.generate import GenerationSettings, prompt_ids_for
+    from dicepipe.model.generate import GenerationSettings, prompt_ids_for
 
     tok, params = sdar_tokenizer, _kernelbench_params()
     # the evaluate defaults: no empty think block
@@ -119,7 +119,7 @@ def test_kernelbench_evaluation_prompt_equals_kernelbench_and_the_chat_template(
 
 def test_empty_think_is_an_option(sdar_tokenizer):
     from dicepipe.config import schema_defaults
-    from dicepipe.evaluation.generate import GenerationSettings, prompt_ids_for
+    from dicepipe.model.generate import GenerationSettings, prompt_ids_for
 
     tok, user = sdar_tokenizer, "Write ModelNew."
     settings = GenerationSettings.from_params(

@@ -56,7 +56,7 @@ def test_every_settings_object_from_empty_sections_takes_the_schemas_defaults(mi
     from dicepipe.augment import generate_tasks
     from dicepipe.augment.authors import make_author
     from dicepipe.config import schema_defaults, stage_settings
-    from dicepipe.evaluation.generate import GenerationSettings
+    from dicepipe.model.generate import GenerationSettings
     from dicepipe.harness import HarnessSettings
 
     # the harness: every params-backed field is the schema's
@@ -230,7 +230,7 @@ def test_the_scan_finds_a_default_written_outside_the_schema(repo_root, tmp_path
     package = tmp_path / "dicepipe"
     shutil.copytree(repo_root / "workflow" / "dicepipe", package,
                     ignore=shutil.ignore_patterns("__pycache__"))
-    generate = package / "evaluation" / "generate.py"
+    generate = package / "model" / "generate.py"
     text = generate.read_text()
     assert "    batch_size: int\n" in text
     generate.write_text(text.replace("    batch_size: int\n", "    batch_size: int = 32\n"))

@@ -70,7 +70,7 @@ def _generate(system: dict, tasks, prompts: list[str], settings, out_dir: Path, 
     import torch
 
     from ..errors import ModelError
-    from ..evaluation.generate import generate_texts, generation_key, load_generator
+    from ..model.generate import generate_texts, generation_key, load_generator
     from ..evaluation.kernel_files import candidates_from_texts
 
     try:
@@ -98,7 +98,7 @@ def run(args, params: dict) -> int:
     from ..config import resolve_scale, stage_settings
     from ..data.prompt_sources import evaluation_prompt
     from ..data.schema import BENCHMARK_SCHEMA, read_table
-    from ..evaluation.generate import GenerationSettings
+    from ..model.generate import GenerationSettings
     from ..evaluation.kernel_files import read_folder
     from ..evaluation.literature import paper_table_for
     from ..evaluation.metrics import headline

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import torch
 
 from ..model.decode import Decoder, DecodeSettings
+from ..model.generate import block_decode_settings
 from .data import stable_seed
 from .parallel import DistEnv
 from ..data.extract import code_from_text
@@ -27,10 +28,8 @@ def decode_settings(settings: dict, greedy: bool = False) -> DecodeSettings:
     """Rollouts sample (temperature, dynamic threshold); validation decodes greedily as the
     evaluation does (the release's greedy static remasking: top-1 sampling gives every
     masked position confidence 1, so the tie goes to the leftmost, i.e. `sequential`)."""
-    return DecodeSettings(
-        max_new_tokens=settings["max_new_tokens"], denoising_steps=settings["denoising_steps"],
-        strategy="sequential" if greedy else settings["strategy"], threshold=settings["threshold"],
-        temperature=settings["temperature"], top_k=1 if greedy else 0, top_p=1.0, stop_at_end=True)
+    return block_decode_settings({**settings, "top_p": 1.0}, greedy=greedy,
+                                 strategy="sequential" if greedy else None)
 
 
 def device_copy(lm, device: torch.device, dtype: torch.dtype):

@@ -1,26 +1,24 @@
 """The `local` author: a language model on local disk.
 
-It sends the same one-shot prompt as the endpoint author, rendered by
-`model.tokenizer.prompt_ids` (the model's own chat template, exactly as SFT and evaluation
-render it), and takes the first fenced code block of the answer. A checkpoint written by this project (`dicepipe sft`, block settings beside the weights) decodes through
-the model package's `Decoder`: block diffusion for SDAR-style models, stopping per row at
-the end token, or its autoregressive path for causal ones. Any other transformers causal LM
-falls back to a plain `generate`."""
+It sends the same one-shot prompt as the endpoint author and takes the first fenced code
+block of the answer. Loading and decoding are `model.generate`'s, the code evaluation uses:
+the prompt rendered by the model's own chat template (`prompt_ids`, exactly as SFT and
+evaluation render it); a checkpoint written by this project (`dicepipe sft`, block settings
+beside the weights) or an SDAR folder decodes through the `Decoder` (block diffusion,
+stopping per row at the end token), any other transformers causal LM through `generate`,
+stopping at the end of its turn. Each (seed, task, attempt) decodes from its own seed."""
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
-import logging
 from pathlib import Path
 
 from ...data import extract, prompts
 from ...errors import ModelError
-from ...model.settings import BLOCK_SETTINGS_FILE
 from ..tasks import Task
 from . import Draft
-
-log = logging.getLogger(__name__)
 
 
 class LocalAuthor:
@@ -39,9 +37,7 @@ class LocalAuthor:
                 "there (save_pretrained), point the key at one, or set augment.author to "
                 "'templates' or 'endpoint'."
             )
-        self._model = None
-        self._tokenizer = None
-        self._decoder = None
+        self._generator = None
 
     def fingerprint(self) -> str:
         config = (self.path / "config.json").read_bytes()
@@ -49,76 +45,40 @@ class LocalAuthor:
                  self.temperature, self.backend]
         return "local:" + json.dumps(parts)
 
-    def _load(self):
-        if self._model is None and (self.path / BLOCK_SETTINGS_FILE).is_file():
-            import torch
+    def settings(self):
+        """Evaluation's GenerationSettings for one draft at a time: this author's length and
+        temperature, the Decoder's own defaults for the rest, fp32 weights."""
+        from ...model.decode import DecodeSettings
+        from ...model.generate import GenerationSettings
 
-            from ...model.decode import Decoder
-            from ...model.loading import load_saved
+        decoder = {f.name: f.default for f in dataclasses.fields(DecodeSettings)}
+        return GenerationSettings(
+            max_new_tokens=self.max_new_tokens, denoising_steps=decoder["denoising_steps"],
+            strategy=decoder["strategy"], threshold=decoder["threshold"],
+            temperature=self.temperature, top_p=decoder["top_p"], samples=1, batch_size=1,
+            dtype="fp32", empty_think=False, compile=False, seed=self.seed)
 
-            device = "cuda" if torch.cuda.is_available() else "cpu"
-            log.info("loading the local author model from %s (dicepipe checkpoint)", self.path)
-            loaded = load_saved(self.path, device=device)
-            self._model, self._tokenizer = loaded.model.eval(), loaded.tokenizer
-            self._decoder = Decoder(self._model, loaded.settings)
-        if self._model is None:
-            import torch
-            from transformers import AutoModelForCausalLM, AutoTokenizer
+    def generator(self):
+        if self._generator is None:
+            from ...model.generate import load_generator
 
-            log.info("loading the local author model from %s", self.path)
-            try:
-                self._tokenizer = AutoTokenizer.from_pretrained(self.path)
-                self._model = AutoModelForCausalLM.from_pretrained(self.path)
-            except (OSError, ValueError) as exc:
-                raise ModelError(f"{self.path}: cannot load the local author model: {exc}") from exc
-            device = "cuda" if torch.cuda.is_available() else "cpu"
-            self._model.to(device).eval()
-        return self._model, self._tokenizer
+            self._generator = load_generator(str(self.path), "augment.local", self.settings())
+        return self._generator
 
-    def _prompt_ids(self, tokenizer, text: str):
-        """(1, n) ids: the one rendering SFT, RL and evaluation use (model.tokenizer.prompt_ids)."""
-        import torch
+    def _prompt_ids(self, tokenizer, text: str) -> list[int]:
+        """The ids of one prompt: the one rendering SFT, RL and evaluation use."""
+        from ...model.generate import prompt_ids_for
 
-        from ...model.tokenizer import prompt_ids
-
-        return torch.tensor([prompt_ids(tokenizer, text)], dtype=torch.long)
+        return prompt_ids_for(tokenizer, [text], self.settings())[0]
 
     def write(self, task: Task, attempt: int) -> Draft:
-        import torch
+        from ...model.generate import decode_batch
 
-        model, tokenizer = self._load()
-        ids = self._prompt_ids(tokenizer, prompts.end_to_end_prompt(task.reference_code, self.backend))
-        ids = ids.to(model.device)
+        gen = self.generator()
+        ids = self._prompt_ids(gen.tokenizer, prompts.end_to_end_prompt(task.reference_code, self.backend))
         digest = hashlib.sha256(f"{self.seed}:{task.task_id}:{attempt}".encode()).hexdigest()
-        torch.manual_seed(int(digest[:8], 16))
-        if self._decoder is not None:
-            text = self._decode_with_engine(ids[0].tolist(), tokenizer, digest)
-        else:
-            text = self._plain_generate(model, tokenizer, ids)
+        text = decode_batch(gen, [ids], self.settings(), seed=int(digest[8:16], 16))[0]["text"]
         code = extract.code_from_text(text, "first")
         if code is None:
             return Draft(failure="author_no_code", detail=text[:300])
         return Draft(code=code)
-
-    def _decode_with_engine(self, prompt: list[int], tokenizer, digest: str) -> str:
-        from ...model.decode import DecodeSettings
-
-        greedy = self.temperature <= 0
-        cfg = DecodeSettings(max_new_tokens=self.max_new_tokens,
-                             temperature=1.0 if greedy else self.temperature,
-                             top_k=1 if greedy else 0, seed=int(digest[8:16], 16))
-        generation = self._decoder.generate([prompt], cfg).generations[0]
-        return tokenizer.decode(generation.token_ids, skip_special_tokens=True)
-
-    def _plain_generate(self, model, tokenizer, ids) -> str:
-        import torch
-
-        sampling = self.temperature > 0
-        with torch.no_grad():
-            output = model.generate(
-                ids, attention_mask=torch.ones_like(ids), max_new_tokens=self.max_new_tokens,
-                do_sample=sampling, temperature=self.temperature if sampling else None,
-                top_p=None, top_k=None,
-                pad_token_id=tokenizer.pad_token_id if tokenizer.pad_token_id is not None
-                else tokenizer.eos_token_id)
-        return tokenizer.decode(output[0, ids.shape[1]:], skip_special_tokens=True)

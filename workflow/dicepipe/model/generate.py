@@ -1,13 +1,16 @@
-"""Generation for evaluation with any model: a checkpoint this package saved (SFT/RL stage
-output), a params.yaml model spec, a hub id or a local transformers folder.
+"""Generation: the one home of loading a model to decode and of decoding prompts, for
+evaluation (batched, journaled), the augment `local` author (one draft at a time) and RL
+rollouts (`block_decode_settings`; the rollouts keep their own trace-keeping Decoder copy).
 
-Block-diffusion models (a mask token in their block settings, or an SDAR config) decode
-through the project's `Decoder`; every other model is autoregressive and decodes through
-transformers' `generate`. Prompts are rendered by `model.tokenizer.prompt_ids`, the one
-rendering SFT, RL and the augment `local` author use (`empty_think` adds the template's empty
-think block, which the release's evaluation does not write). The release decodes in fp16. Each row stops at the end of its turn.
+Any model loads: a checkpoint this package saved (SFT/RL stage output), a params.yaml model
+spec, a hub id or a local transformers folder. Block-diffusion models (a mask token in their
+block settings, or an SDAR config) decode through the project's `Decoder`; every other model
+is autoregressive and decodes through transformers' `generate`. Prompts are rendered by
+`model.tokenizer.prompt_ids`, the one rendering SFT, RL and the augment author use
+(`empty_think` adds the template's empty think block, which the release's evaluation does
+not write). The release decodes in fp16. Each row stops at the end of its turn.
 
-Defaults follow the release's evaluation (dice-recipe.md §6): greedy, block 4, 4 denoising
+Evaluation's defaults follow the release's (dice-recipe.md §6): greedy, block 4, 4 denoising
 steps, up to 4096 new tokens. The release's greedy `low_confidence_static` takes confidence
 after top-k filtering, so every masked position has confidence 1 and the first masked
 position wins each step: one token per forward, left to right, which is this decoder's
@@ -108,8 +111,8 @@ def load_generator(model_ref: str | dict, name: str, settings: GenerationSetting
                    allow_download: bool = False) -> Generator:
     """Load `model_ref`: a folder saved by this package, a model spec (dict with kind sdar /
     qwen3), or a hub id / local folder of any transformers causal LM."""
-    from ..model.loading import load_checkpoint, load_saved, resolve_checkpoint
-    from ..model.settings import BLOCK_SETTINGS_FILE
+    from .loading import load_checkpoint, load_saved, resolve_checkpoint
+    from .settings import BLOCK_SETTINGS_FILE
 
     device, dtype = _device_and_dtype(settings.dtype)
     if isinstance(model_ref, dict):
@@ -141,7 +144,7 @@ def load_generator(model_ref: str | dict, name: str, settings: GenerationSetting
 
 
 def _from_loaded(loaded, settings: GenerationSettings) -> Generator:
-    from ..model.decode import Decoder
+    from .decode import Decoder
 
     model = loaded.model.eval()
     if loaded.settings.causal:
@@ -164,7 +167,7 @@ def _load_transformers(folder: Path, name: str, device: str, dtype) -> Generator
 
 
 def _stop_ids(tokenizer) -> tuple[int, ...]:
-    from ..model.tokenizer import chat_format, stop_token_ids
+    from .tokenizer import chat_format, stop_token_ids
 
     if getattr(tokenizer, "chat_template", None):
         return stop_token_ids(tokenizer, chat_format(tokenizer))
@@ -186,7 +189,7 @@ def generation_key(gen: Generator, prompts: list[str], settings: GenerationSetti
 def prompt_ids_for(tokenizer, prompts: list[str], settings: GenerationSettings) -> list[list[int]]:
     """The ids evaluation decodes from: each user turn in the model's chat template, the
     assistant turn opened (with the template's empty think block only under empty_think)."""
-    from ..model.tokenizer import chat_format, encode_prompts
+    from .tokenizer import chat_format, encode_prompts
 
     fmt = chat_format(tokenizer, settings.empty_think) if getattr(tokenizer, "chat_template", None) else None
     return encode_prompts(tokenizer, fmt, prompts)
@@ -211,8 +214,7 @@ def generate_texts(gen: Generator, prompts: list[str], settings: GenerationSetti
         else:
             batch_ids = [ids[i] for i, _ in batch]
             seed = _batch_seed(settings.seed, index)
-            results = (_decode_block(gen, batch_ids, settings, seed) if gen.kind == "block"
-                       else _decode_causal(gen, batch_ids, settings, seed))
+            results = decode_batch(gen, batch_ids, settings, seed)
             _append_journal(journal, batch, results)
         for (i, s), result in zip(batch, results):
             out[i][s] = result
@@ -255,16 +257,29 @@ def _progress(total: int, enabled: bool):
     return tqdm(total=total, desc="generate", unit="sample", mininterval=5.0)
 
 
-def _decode_block(gen: Generator, batch_ids, settings: GenerationSettings, seed: int) -> list[dict]:
-    from ..model.decode import DecodeSettings
+def block_decode_settings(values, *, greedy: bool, seed: int = 0, strategy: str | None = None):
+    """The Decoder's settings from sampling settings (max_new_tokens, denoising_steps,
+    strategy, threshold, temperature, top_p: a mapping or GenerationSettings). Greedy is top-1
+    sampling; every row stops at its end token."""
+    from .decode import DecodeSettings
 
-    greedy = settings.temperature <= 0
-    cfg = DecodeSettings(max_new_tokens=settings.max_new_tokens,
-                         denoising_steps=settings.denoising_steps, strategy=settings.strategy,
-                         threshold=settings.threshold,
-                         temperature=1.0 if greedy else settings.temperature,
-                         top_k=1 if greedy else 0, top_p=settings.top_p, seed=seed,
-                         stop_at_end=True)
+    get = values.get if isinstance(values, dict) else lambda key, default=None: getattr(values, key, default)
+    return DecodeSettings(max_new_tokens=get("max_new_tokens"), denoising_steps=get("denoising_steps"),
+                          strategy=strategy or get("strategy"), threshold=get("threshold"),
+                          temperature=1.0 if greedy else get("temperature"),
+                          top_k=1 if greedy else 0, top_p=get("top_p", 1.0), seed=seed,
+                          stop_at_end=True)
+
+
+def decode_batch(gen: Generator, batch_ids, settings: GenerationSettings, seed: int) -> list[dict]:
+    """One batch of prompt ids decoded from one seed: {text, new_tokens, stopped} per row."""
+    if gen.kind == "block":
+        return _decode_block(gen, batch_ids, settings, seed)
+    return _decode_causal(gen, batch_ids, settings, seed)
+
+
+def _decode_block(gen: Generator, batch_ids, settings: GenerationSettings, seed: int) -> list[dict]:
+    cfg = block_decode_settings(settings, greedy=settings.temperature <= 0, seed=seed)
     result = gen.decoder.generate(batch_ids, cfg)
     return [{"text": gen.tokenizer.decode(g.token_ids, skip_special_tokens=True),
              "new_tokens": len(g.token_ids), "stopped": bool(g.stopped)}
