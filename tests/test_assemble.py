@@ -55,20 +55,20 @@ def _m(speedup, correct=True, robust=True, compiled=True):
 @pytest.mark.parametrize("m, why", [
     (None, "not_measured"), (_m(3, compiled=False), "not_compiled"), (_m(3, correct=False), "incorrect"),
     (_m(3, robust=False), "flagged"), (_m(None), "no_speedup"), (_m(1.9), "below_threshold"),
-    (_m(2.0), "below_threshold"), (_m(2.01), "kept"), (_m(float("nan")), "no_speedup"),
+    (_m(2.0), "below_threshold"), (_m(2.01), "accepted"), (_m(float("nan")), "no_speedup"),
 ])
 def test_verdicts(m, why):
     assert assemble.verdict(m, 2.0, True, KB) == why
 
 
 def test_flagged_counts_when_not_robust():
-    assert assemble.verdict(_m(3, robust=False), 2.0, False, KB) == "kept"
+    assert assemble.verdict(_m(3, robust=False), 2.0, False, KB) == "accepted"
 
 
 def test_tolerance_profile_decides_without_remeasuring():
     tf32 = {**_m(3.0), "tolerance_needed": 2e-3, "output_precision": "fp32"}
     assert assemble.verdict(tf32, 2.0, True, KB) == "incorrect"
-    assert assemble.verdict(tf32, 2.0, True, Protocol("strict_v0", "strict", 1e-2, 1e-2)) == "kept"
+    assert assemble.verdict(tf32, 2.0, True, Protocol("strict_v0", "strict", 1e-2, 1e-2)) == "accepted"
 
 
 SETTINGS = {"speedup_threshold": 2.0, "robust": True, "val_fraction": 0.25, "min_val_samples": 1, "seed": 0}
@@ -82,7 +82,7 @@ def test_assemble_splits_and_holds_out_whole_references():
     measurements = {s["sample_id"]: _m(x) for s, x in zip(samples, speedups)}
     structural = [_sample(20, source="structural", level=None)]
     splits, stats = assemble.assemble(samples, measurements, structural, SETTINGS, KB)
-    assert stats["reasons"]["kept"] == 5 and stats["reasons"]["below_threshold"] == 4
+    assert stats["reasons"]["accepted"] == 5 and stats["reasons"]["below_threshold"] == 4
     val_refs = {r["reference_code"] for r in splits["val"]}
     assert val_refs, "validation must not be empty"
     for split in ("rl_e2e",):

@@ -197,8 +197,8 @@ def test_stage_verifies_answers_and_resumes_without_asking_again(params, server,
     settings = _settings(params, url)
     out, work = tmp_path / "out", tmp_path / "work"
     rows, report = _run_stage(params, settings, out, work)
-    assert [r["reason"] for r in rows] == ["build_failed"] * 4
-    assert report["tasks_without_sample_by_reason"] == {"build_failed": 2}
+    assert [r["reason"] for r in rows] == ["not_compiled"] * 4
+    assert report["tasks_without_sample_by_reason"] == {"not_compiled": 2}
     assert all(r["job_id"] and r["author"] == "endpoint" for r in rows)
     assert len(httpd.requests) == 4
     first = (out / "attempts.parquet").read_bytes()

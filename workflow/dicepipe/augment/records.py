@@ -32,14 +32,16 @@ ATTEMPT_SCHEMA = pa.schema([
     pa.field("speedup_low", pa.float64()),
     pa.field("speedup_high", pa.float64()),
     pa.field("kept", pa.bool_(), nullable=False),
-    pa.field("reason", pa.string(), nullable=False),  # "kept" or why not (see classify)
+    pa.field("reason", pa.string(), nullable=False),  # "accepted" or why not (see classify)
     pa.field("detail", pa.string()),  # author failure note or the harness's error
 ])
 
-# A task without a sample is reported under the most promising reason among its attempts.
-_TASK_REASON_ORDER = ("too_slow", "unmeasured", "flagged", "incorrect", "build_failed",
-                      "author_no_code", "author_bad_response", "author_http_error",
-                      "author_timeout", "author_unreachable")
+# An attempt's reason is the harness verdict's (harness/verdict.REASONS: "accepted" or why
+# not), or an author failure (authors.AUTHOR_FAILURES) when there was no file to judge. A task
+# without a sample is reported under the most promising reason among its attempts.
+_TASK_REASON_ORDER = ("below_threshold", "no_speedup", "flagged", "incorrect", "not_compiled",
+                      "not_measured", "author_no_code", "author_bad_response",
+                      "author_http_error", "author_timeout", "author_unreachable")
 
 
 def _number(value) -> float | None:
@@ -49,16 +51,12 @@ def _number(value) -> float | None:
     return None if math.isnan(value) else value
 
 
-_REASONS = {"not_measured": "build_failed", "not_compiled": "build_failed",
-            "incorrect": "incorrect", "flagged": "flagged", "no_speedup": "unmeasured",
-            "below_threshold": "too_slow", "accepted": "kept"}
-
-
 def classify(result: dict, *, threshold: float, statistic: str, robust: bool,
              protocol: Protocol) -> str:
-    """'kept' or the reason a harness result row does not yield a sample (harness verdict)."""
-    return _REASONS[judge(result, protocol=protocol, robust=robust, threshold=threshold,
-                          statistic=statistic)]
+    """'accepted' or the reason a harness result row does not yield a sample (the harness
+    verdict's own words)."""
+    return judge(result, protocol=protocol, robust=robust, threshold=threshold,
+                 statistic=statistic)
 
 
 def attempt_row(task, attempt: int, author: str, *, job_id=None, result=None, reason: str,
@@ -77,7 +75,7 @@ def attempt_row(task, attempt: int, author: str, *, job_id=None, result=None, re
         "speedup": _number(result.get("speedup_median")),
         "speedup_low": _number(result.get("speedup_low")),
         "speedup_high": _number(result.get("speedup_high")),
-        "kept": reason == "kept",
+        "kept": reason == "accepted",
         "reason": reason,
         "detail": detail if detail is not None else (result.get("error") or None),
     }
@@ -86,8 +84,8 @@ def attempt_row(task, attempt: int, author: str, *, job_id=None, result=None, re
 def task_reason(rows: list[dict]) -> str:
     """Outcome of one task from its attempt rows."""
     reasons = {row["reason"] for row in rows}
-    if "kept" in reasons:
-        return "kept"
+    if "accepted" in reasons:
+        return "accepted"
     for reason in _TASK_REASON_ORDER:
         if reason in reasons:
             return reason
@@ -103,16 +101,16 @@ def build_report(tasks, attempt_rows: list[dict], header: dict) -> dict:
     for task in tasks:
         entry = families.setdefault(task.family, {"tasks": 0, "with_sample": 0})
         entry["tasks"] += 1
-        entry["with_sample"] += outcomes[task.task_id] == "kept"
+        entry["with_sample"] += outcomes[task.task_id] == "accepted"
     kept = [row["speedup"] for row in attempt_rows if row["kept"] and row["speedup"] is not None]
     return {
         **header,
         "tasks": len(tasks),
-        "tasks_with_sample": sum(1 for reason in outcomes.values() if reason == "kept"),
+        "tasks_with_sample": sum(1 for reason in outcomes.values() if reason == "accepted"),
         "attempts": len(attempt_rows),
         "attempts_by_reason": dict(sorted(Counter(r["reason"] for r in attempt_rows).items())),
         "tasks_without_sample_by_reason": dict(sorted(
-            Counter(reason for reason in outcomes.values() if reason != "kept").items())),
+            Counter(reason for reason in outcomes.values() if reason != "accepted").items())),
         "families": dict(sorted(families.items())),
         "kept_speedup": {
             "min": round(min(kept), 4), "median": round(statistics.median(kept), 4),

@@ -22,11 +22,11 @@ STRUCTURAL_LEVEL = 3
 
 def verdict(measurement: dict | None, threshold: float, robust: bool,
             protocol: Protocol) -> str:
-    """Why a corpus sample is kept or not: kept | not_measured | not_compiled | incorrect |
-    flagged | no_speedup | below_threshold (the harness verdict, point speedup above p)."""
-    why = judge(measurement, protocol=protocol, robust=robust, threshold=threshold,
-                statistic="median")
-    return "kept" if why == "accepted" else why
+    """Why a corpus sample is kept or not, in the harness verdict's words: accepted |
+    not_measured | not_compiled | incorrect | flagged | no_speedup | below_threshold (point
+    speedup above p)."""
+    return judge(measurement, protocol=protocol, robust=robust, threshold=threshold,
+                 statistic="median")
 
 
 def is_solution(measurement: dict | None, robust: bool, protocol: Protocol) -> bool:
@@ -79,7 +79,7 @@ def assemble(samples: list[dict], measurements: dict[str, dict], structural: lis
         m = measurements.get(sample["sample_id"])
         why = verdict(m, threshold, robust, protocol)
         reasons[why] += 1
-        if why == "kept":
+        if why == "accepted":
             kept.append(sample)
         if is_solution(m, robust, protocol):
             solved.append(sample)
@@ -162,6 +162,6 @@ def assemble(samples: list[dict], measurements: dict[str, dict], structural: lis
 def kept_at_thresholds(samples: list[dict], measurements: dict[str, dict], thresholds, robust: bool,
                        protocol: Protocol) -> dict:
     """How many corpus samples each threshold would keep (the ablation at a glance)."""
-    return {str(t): sum(verdict(measurements.get(s["sample_id"]), t, robust, protocol) == "kept"
+    return {str(t): sum(verdict(measurements.get(s["sample_id"]), t, robust, protocol) == "accepted"
                         for s in samples)
             for t in thresholds}
