@@ -83,6 +83,8 @@ def test_measurement_key_ignores_how_rows_are_made(tmp_path):
 def test_leak_decisions():
     limits = hygiene.leak_limits_mb(4096, 81920.0)
     assert limits == {"host_mb": 256.0, "device_used_mb": 4096.0}
+    # the default limit (65,536 MB, sized for KernelBench's largest reference) leaks at 1 GiB
+    assert hygiene.leak_limits_mb(65536, None) == {"host_mb": 1024.0}
     excess = hygiene.excess_mb({"host_mb": 250.0, "device_used_mb": 600.0},
                                {"host_mb": 2500.0, "device_used_before_mb": 9000.0,
                                 "device_used_mb": 9100.0})

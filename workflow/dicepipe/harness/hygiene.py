@@ -68,11 +68,13 @@ def process_host_mb(pid: int | str) -> float | None:
 def leak_limits_mb(memory_limit_mb: int, device_total_mb: float | None) -> dict:
     """Excess over the baseline at which a worker is replaced, per kind of memory.
 
-    Host: a sixteenth of the worker's memory limit (1 GiB at the default 16 GiB). GPU: a
-    twentieth of the device (7 GB on an H200) but at least 1 GiB, since cuDNN and cuBLAS
-    handles that an honest job creates stay with the context.
+    Host: a sixteenth of the worker's memory limit, at most 1 GiB (the limit is sized for
+    KernelBench's largest reference, 64 GiB, and a worker holding 4 GiB more than at start
+    would carry that into the next job). GPU: a twentieth of the device (7 GB on an H200)
+    but at least 1 GiB, since cuDNN and cuBLAS handles that an honest job creates stay with
+    the context.
     """
-    limits = {"host_mb": max(2 * SLACK_MB, memory_limit_mb / 16.0)}
+    limits = {"host_mb": min(1024.0, max(2 * SLACK_MB, memory_limit_mb / 16.0))}
     if device_total_mb:
         limits["device_used_mb"] = max(1024.0, device_total_mb / 20.0)
     return limits
