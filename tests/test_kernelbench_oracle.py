@@ -377,11 +377,7 @@ def test_differential_child_probe_equals_separate_runs(kb_eval, tmp_path, name):
 def test_differential_names_an_out_of_memory_side():
     """A disagreement where either side ran out of memory (KernelBench's jobs and our workers
     sharing one GPU: session 10's level-1 run) says so instead of 'unexplained'."""
-    sys.path.insert(0, str(REPO_ROOT / "bench"))
-    try:
-        import kernelbench_differential as diff
-    finally:
-        sys.path.remove(str(REPO_ROOT / "bench"))
+    diff = _differential()
     record = {"ours_compiled": True, "ours_kernelbench": "accepted", "ours_kernelbench_v0": "accepted",
               "kb_compiled_0.0001": True, "kb_correct_0.0001": False, "kb_compiled_0.01": True,
               "kb_correct_0.01": False, "agree_kernelbench": False, "agree_kernelbench_v0": False,
