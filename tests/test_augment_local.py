@@ -66,7 +66,7 @@ def test_dicepipe_checkpoint_decodes_through_the_block_diffusion_engine(params, 
     author = make_author(settings, "cpu")
     task = generate_tasks(settings, "cpu")[0]
     draft = author.write(task, 0)
-    gen = author.generator()
+    gen = author.generator
     assert gen.kind == "block" and gen.decoder is not None and not gen.settings.causal
     assert draft.code is None and draft.failure == "author_no_code"
     assert author.write(task, 0) == draft  # greedy: the same answer again

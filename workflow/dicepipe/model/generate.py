@@ -257,17 +257,17 @@ def _progress(total: int, enabled: bool):
     return tqdm(total=total, desc="generate", unit="sample", mininterval=5.0)
 
 
-def block_decode_settings(values, *, greedy: bool, seed: int = 0, strategy: str | None = None):
+def block_decode_settings(values: dict, *, greedy: bool, seed: int = 0, strategy: str | None = None):
     """The Decoder's settings from sampling settings (max_new_tokens, denoising_steps,
-    strategy, threshold, temperature, top_p: a mapping or GenerationSettings). Greedy is top-1
-    sampling; every row stops at its end token."""
+    strategy, threshold, temperature, top_p). Greedy is top-1 sampling; every row stops at
+    its end token."""
     from .decode import DecodeSettings
 
-    get = values.get if isinstance(values, dict) else lambda key, default=None: getattr(values, key, default)
-    return DecodeSettings(max_new_tokens=get("max_new_tokens"), denoising_steps=get("denoising_steps"),
-                          strategy=strategy or get("strategy"), threshold=get("threshold"),
-                          temperature=1.0 if greedy else get("temperature"),
-                          top_k=1 if greedy else 0, top_p=get("top_p", 1.0), seed=seed,
+    return DecodeSettings(max_new_tokens=values["max_new_tokens"],
+                          denoising_steps=values["denoising_steps"],
+                          strategy=strategy or values["strategy"], threshold=values["threshold"],
+                          temperature=1.0 if greedy else values["temperature"],
+                          top_k=1 if greedy else 0, top_p=values["top_p"], seed=seed,
                           stop_at_end=True)
 
 
@@ -279,7 +279,7 @@ def decode_batch(gen: Generator, batch_ids, settings: GenerationSettings, seed: 
 
 
 def _decode_block(gen: Generator, batch_ids, settings: GenerationSettings, seed: int) -> list[dict]:
-    cfg = block_decode_settings(settings, greedy=settings.temperature <= 0, seed=seed)
+    cfg = block_decode_settings(asdict(settings), greedy=settings.temperature <= 0, seed=seed)
     result = gen.decoder.generate(batch_ids, cfg)
     return [{"text": gen.tokenizer.decode(g.token_ids, skip_special_tokens=True),
              "new_tokens": len(g.token_ids), "stopped": bool(g.stopped)}

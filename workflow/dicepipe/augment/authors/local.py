@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+from functools import cached_property
 from pathlib import Path
 
 from ...data import extract, prompts
@@ -37,7 +38,6 @@ class LocalAuthor:
                 "there (save_pretrained), point the key at one, or set augment.author to "
                 "'templates' or 'endpoint'."
             )
-        self._generator = None
 
     def fingerprint(self) -> str:
         config = (self.path / "config.json").read_bytes()
@@ -45,6 +45,7 @@ class LocalAuthor:
                  self.temperature, self.backend]
         return "local:" + json.dumps(parts)
 
+    @cached_property
     def settings(self):
         """Evaluation's GenerationSettings for one draft at a time: this author's length and
         temperature, the Decoder's own defaults for the rest, fp32 weights."""
@@ -58,26 +59,26 @@ class LocalAuthor:
             temperature=self.temperature, top_p=decoder["top_p"], samples=1, batch_size=1,
             dtype="fp32", empty_think=False, compile=False, seed=self.seed)
 
+    @cached_property
     def generator(self):
-        if self._generator is None:
-            from ...model.generate import load_generator
+        """The model, loaded on first use (model.generate.load_generator)."""
+        from ...model.generate import load_generator
 
-            self._generator = load_generator(str(self.path), "augment.local", self.settings())
-        return self._generator
+        return load_generator(str(self.path), "augment.local", self.settings)
 
     def _prompt_ids(self, tokenizer, text: str) -> list[int]:
         """The ids of one prompt: the one rendering SFT, RL and evaluation use."""
         from ...model.generate import prompt_ids_for
 
-        return prompt_ids_for(tokenizer, [text], self.settings())[0]
+        return prompt_ids_for(tokenizer, [text], self.settings)[0]
 
     def write(self, task: Task, attempt: int) -> Draft:
         from ...model.generate import decode_batch
 
-        gen = self.generator()
+        gen = self.generator
         ids = self._prompt_ids(gen.tokenizer, prompts.end_to_end_prompt(task.reference_code, self.backend))
         digest = hashlib.sha256(f"{self.seed}:{task.task_id}:{attempt}".encode()).hexdigest()
-        text = decode_batch(gen, [ids], self.settings(), seed=int(digest[8:16], 16))[0]["text"]
+        text = decode_batch(gen, [ids], self.settings, seed=int(digest[8:16], 16))[0]["text"]
         code = extract.code_from_text(text, "first")
         if code is None:
             return Draft(failure="author_no_code", detail=text[:300])
