@@ -83,16 +83,33 @@ def test_latency_bonus_is_bounded_and_needs_a_confident_gain():
 
 
 class FakeSession:
+    """Rows by the candidate's name (the `load_inline` name in its file)."""
+
     def __init__(self, rows):
         self.rows, self.calls = rows, []
 
-    def evaluate(self, jobs, results_path=None, progress=True, measure_speed=True):
-        self.calls.append((list(jobs), measure_speed))
-        return pa.Table.from_pylist([self.rows[j.candidate_code] for j in jobs])
+    def submit(self, jobs, measure_speed=True):
+        from concurrent.futures import Future
+
+        jobs = list(jobs)
+        self.calls.append((jobs, measure_speed))
+        out = []
+        for j in jobs:
+            future = Future()
+            future.set_result(dict(self.rows[j.candidate_code.split("name=")[1].strip("')\n")]))
+            out.append(future)
+        return out
+
+
+def _code(name):
+    """A file with an extension of its own (no static flag), named `name`."""
+    return ("from torch.utils.cpp_extension import load_inline\n"
+            f"ext = load_inline(cpp_sources=['int f() {{ return 0; }}'], name={name!r})\n")
 
 
 def _rollout(code):
-    return Rollout(Task("t", 1, REF.format("x"), "p"), 0, [1], [2], [0], "", 1, True, code)
+    return Rollout(Task("t", 1, REF.format("x"), "p"), 0, [1], [2], [0], "", 1, True,
+                   None if code is None else _code(code))
 
 
 def test_kernel_reward_uses_the_robust_verdict_and_profile():

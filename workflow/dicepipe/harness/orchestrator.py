@@ -3,10 +3,13 @@
 Work flows in two stages. Preparation (threads, one job each): static checks, extraction of
 the job's `load_inline` specs in an extractor worker, then its builds in builder workers,
 all on CPU cores and never on the GPU. Device work (one thread per device worker, one worker
-per GPU, or one for the CPU): correctness and timing. On cuda a job reaches its GPU as soon
-as its builds are done, so builds run ahead of and alongside device work; on cpu, device
-work waits until every build is done, so compilers never share the cores being timed.
-Rows go to the caller as they finish, in completion order. After every device job the worker
+per GPU, or one for the CPU): correctness and timing. The two stages are one long-lived
+stream per batch that every call feeds (`Batch.submit`): a job starts preparing when it is
+submitted, whatever call it belongs to, so a later call's builds start while an earlier
+call's last jobs run. On cuda a job reaches its GPU as soon as its builds are done, so
+builds run ahead of and alongside device work; on cpu, device work waits until no cpu job
+is being prepared, so compilers never share the cores being timed.
+Rows go to their caller as they finish, in completion order. After every device job the worker
 is checked (hygiene.py) and replaced if the job left memory behind or broke its context.
 The public entry points, `HarnessSession` and `evaluate`, are in session.py.
 """
@@ -14,6 +17,7 @@ The public entry points, `HarnessSession` and `evaluate`, are in session.py.
 from __future__ import annotations
 
 import hashlib
+import itertools
 import logging
 import os
 import queue
@@ -23,7 +27,8 @@ import threading
 import time
 import traceback
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor, as_completed
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import HarnessError
@@ -61,6 +66,17 @@ def job_seed(base: int, reference_code: str) -> int:
     return int(digest[:8], 16) % (2**31 - 1)
 
 
+@dataclass(frozen=True)
+class _Ticket:
+    """One submitted job: who gets its row, and in which order it came."""
+
+    token: str
+    job: Job
+    deliver: Callable[[str, object], None]
+    measure_speed: bool
+    order: int
+
+
 class Batch:
     def __init__(self, settings: HarnessSettings, backends: list[str],
                  toolchains: dict[str, dict] | None = None):
@@ -73,6 +89,14 @@ class Batch:
         remove_stale_roots()
         self.root = Path(tempfile.mkdtemp(prefix=f"{ROOT_PREFIX}{os.getpid()}-"))
         self.reference_plans = ReferencePlans()
+        # the stream (started on the first submit)
+        self._prep_pool: ThreadPoolExecutor | None = None
+        self._device_threads: list[threading.Thread] = []
+        self._stream_lock = threading.Lock()
+        self._cpu_preparing = 0  # cpu jobs in preparation (their device work waits for it)
+        self._cpu_held: list[tuple[_Ticket, Prepared]] = []
+        self._order = itertools.count()
+        self.broken: Exception | None = None  # set when the batch cannot go on
         try:
             self._start_services(settings, backends)
         except BaseException:
@@ -105,6 +129,7 @@ class Batch:
                                            settings.run_timeout_s) for b in backends}
         self.pools = [build_pool, extract_pool]
         self.devices = {b: self._device_workers(b, base) for b in backends}
+        self._queues = {b: queue.Queue() for b in self.devices}
 
     def _worker_config(self) -> dict:
         s = self.settings
@@ -147,6 +172,12 @@ class Batch:
         self.close()
 
     def close(self) -> None:
+        self.broken = self.broken or HarnessError("the harness batch was closed")
+        if self._prep_pool is not None:
+            self._prep_pool.shutdown(wait=False, cancel_futures=True)
+        for backend, q in self._queues.items():
+            for _ in self.devices[backend]:
+                q.put(None)
         # Every worker is signalled first, so their exits (a GPU context's teardown can take
         # seconds) overlap instead of adding up; the stops below then only reap them.
         for worker in self._all_workers():
@@ -166,7 +197,66 @@ class Batch:
         for workers in self.devices.values():
             yield from workers
 
-    # --- running one call ---------------------------------------------------------------------
+    # --- the stream of jobs --------------------------------------------------------------------
+    #
+    # Jobs enter one at a time (`submit`) and flow through the same pipeline whatever call
+    # they came from: a preparation thread each (static checks, extraction, builds), then the
+    # device queue of their backend, served by one long-lived thread per device worker. So
+    # the builds of a later call start while an earlier call's last builds and device jobs
+    # are still running, and no call waits for another's slowest build. `run` is one call's
+    # view of the stream: submit, then collect its rows.
+
+    def _stream(self) -> None:
+        """Start the preparation pool and the device threads (once per batch)."""
+        if self._prep_pool is not None:
+            return
+        workers = 2 * self.settings.num_build_workers() + 2
+        self._prep_pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="prep")
+        for backend, devices in self.devices.items():
+            for worker in devices:
+                thread = threading.Thread(target=self._device_loop, args=(backend, worker),
+                                          name=f"device-{backend}-{worker.index}", daemon=True)
+                thread.start()
+                self._device_threads.append(thread)
+
+    def submit(self, token: str, job: Job, deliver: Callable[[str, object], None],
+               measure_speed: bool = True) -> None:
+        """Send one job into the stream; `deliver("row", row)` is called once with its row,
+        from a harness thread (or `deliver("abort", exc)` when the batch cannot go on)."""
+        ticket = _Ticket(token, job, deliver, measure_speed, next(self._order))
+        with self._stream_lock:
+            if self.broken is not None:
+                deliver("abort", self.broken)
+                return
+            self._stream()
+            if job.backend == "cpu":
+                self._cpu_preparing += 1
+            future = self._prep_pool.submit(self._prepare, token, job)
+        future.add_done_callback(lambda f, t=ticket: self._prepared(t, f))
+
+    def _prepared(self, ticket: _Ticket, future) -> None:
+        """A job's preparation ended: its final row, or on to its device queue. On cpu,
+        device work waits until no cpu job is being prepared, so compilers never share the
+        cores being timed; the held jobs then go in the order they were submitted."""
+        try:
+            item = future.result()
+        except BaseException as exc:  # a cancelled future (the batch closed) or a bug
+            ticket.deliver("abort", exc if isinstance(exc, Exception) else HarnessError(repr(exc)))
+            item = None
+        release = []
+        with self._stream_lock:
+            if ticket.job.backend == "cpu":
+                self._cpu_preparing -= 1
+                if item is not None and item.final_row is None:
+                    self._cpu_held.append((ticket, item))
+                if self._cpu_preparing == 0:
+                    release, self._cpu_held = sorted(self._cpu_held, key=lambda p: p[0].order), []
+            elif item is not None and item.final_row is None:
+                release = [(ticket, item)]
+        if item is not None and item.final_row is not None:
+            ticket.deliver("row", self._finish(item, item.final_row))
+        for pair in release:
+            self._queues[pair[0].job.backend].put(pair)
 
     def run(self, todo: list[tuple[str, Job]], on_row: Callable[[dict], None], progress: bool,
             measure_speed: bool = True) -> None:
@@ -175,16 +265,9 @@ class Batch:
         from tqdm import tqdm
 
         results: queue.Queue = queue.Queue()
-        queues = {b: queue.Queue() for b in self.devices}
-        threads = [threading.Thread(target=self._device_loop,
-                                    args=(b, w, queues[b], results, measure_speed),
-                                    name=f"device-{b}-{w.index}", daemon=True)
-                   for b, workers in self.devices.items() for w in workers]
-        threads.append(threading.Thread(target=self._prepare_all, args=(todo, queues, results),
-                                        name="prepare", daemon=True))
-        for thread in threads:
-            thread.start()
         builds_before = self._build_counts()
+        for token, job in todo:
+            self.submit(token, job, lambda kind, payload: results.put((kind, payload)), measure_speed)
         with tqdm(total=len(todo), disable=not progress, desc="harness", unit="job") as bar:
             finished = 0
             while finished < len(todo):
@@ -199,8 +282,6 @@ class Batch:
                 finished += 1
                 self._show_builds(bar, builds_before)
                 bar.update(1)
-        for thread in threads:
-            thread.join()
 
     def _build_counts(self) -> tuple[int, int]:
         started = sum(s.compiles_started for s in self.builds.values())
@@ -212,32 +293,6 @@ class Batch:
         started, done = self._build_counts()
         if started > before[0]:
             bar.set_postfix_str(f"built {done - before[1]}/{started - before[0]}", refresh=True)
-
-    def _prepare_all(self, todo: list[tuple[str, Job]], queues: dict,
-                     results: queue.Queue) -> None:
-        workers = 2 * self.settings.num_build_workers() + 2
-        held: dict[str, list[Prepared]] = {b: [] for b in queues}
-        try:
-            with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="prep") as pool:
-                futures = [pool.submit(self._prepare, token, job) for token, job in todo]
-                for future in as_completed(futures):
-                    item = future.result()
-                    if item.final_row is not None:
-                        results.put(("row", self._finish(item, item.final_row)))
-                    elif item.job.backend == "cpu":
-                        held["cpu"].append(item)  # cpu timing waits for every build
-                    else:
-                        queues[item.job.backend].put(item)
-            order = {token: i for i, (token, _job) in enumerate(todo)}
-            for backend, items in held.items():
-                for item in sorted(items, key=lambda it: order[it.token]):
-                    queues[backend].put(item)
-        except BaseException as exc:
-            results.put(("abort", exc))
-        finally:
-            for backend, q in queues.items():
-                for _ in self.devices[backend]:
-                    q.put(None)
 
     def _prepare(self, token: str, job: Job) -> Prepared:
         start = time.monotonic()
@@ -265,15 +320,19 @@ class Batch:
             item.final_row = prepared_failure(item, "harness", f"harness error: {exc!r}")
         return item
 
-    def _device_loop(self, backend: str, worker: WorkerProcess, jobs: queue.Queue,
-                     results: queue.Queue, measure_speed: bool) -> None:
+    def _device_loop(self, backend: str, worker: WorkerProcess) -> None:
+        jobs = self._queues[backend]
         start_failures = 0
         while True:
-            item = jobs.get()
-            if item is None:
+            pair = jobs.get()
+            if pair is None:
                 return
+            ticket, item = pair
+            if self.broken is not None:
+                ticket.deliver("abort", self.broken)
+                continue
             try:
-                reply, seconds = self._run_clean(item, worker, measure_speed)
+                reply, seconds = self._run_clean(item, worker, ticket.measure_speed)
             except Exception as exc:
                 log.error("device job %s: %s", item.job.job_id, traceback.format_exc())
                 reply = {"op": "failed", "kind": "harness", "phase": "job", "error": repr(exc)}
@@ -281,15 +340,17 @@ class Batch:
             if reply.get("kind") == "start":
                 start_failures += 1
                 if start_failures >= MAX_START_FAILURES:
-                    results.put(("abort", HarnessError(
+                    # every job after this one fails the same way: the batch stops here
+                    self.broken = HarnessError(
                         f"the {backend} device worker failed to start {start_failures} times: "
-                        f"{reply['error']}")))
-                    return
+                        f"{reply['error']}")
+                    ticket.deliver("abort", self.broken)
+                    continue
             else:
                 start_failures = 0
             row = device_row(item, reply, worker.sandbox)
             row["wall_device_s"] = seconds  # what it really cost, a timeout's wait included
-            results.put(("row", self._finish(item, row)))
+            ticket.deliver("row", self._finish(item, row))
 
     def _run_clean(self, item: Prepared, worker: WorkerProcess,
                    measure_speed: bool) -> tuple[dict, float]:

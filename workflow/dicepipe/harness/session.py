@@ -15,13 +15,16 @@ or setting is measured again). `last_summary` says what each call measured and r
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import logging
 import os
+import threading
 import time
 from collections import OrderedDict
 from collections.abc import Iterable
+from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -107,8 +110,9 @@ def copy_row(row: dict, job_id: str) -> dict:
 class HarnessSession:
     """Warm workers and the rows of every content key seen, for many `evaluate` calls.
 
-    One call at a time (calls are not thread-safe); `close()` (or leaving the `with`) stops
-    the workers and removes their temporary folders.
+    `evaluate` blocks until its rows are in; `submit` returns futures at once, and jobs of
+    every call share one stream of builds and device work. Calls come from one thread;
+    `close()` (or leaving the `with`) stops the workers and removes their temporary folders.
     """
 
     def __init__(self, settings: HarnessSettings):
@@ -117,6 +121,8 @@ class HarnessSession:
         self._toolchains: dict[str, dict] = {}
         self._memo: OrderedDict[str, dict] = OrderedDict()
         self._serial = 0
+        self._lock = threading.RLock()  # memo and in-flight keys (rows arrive on harness threads)
+        self._inflight: dict[str, list[tuple[str, Future]]] = {}  # key -> twins waiting on it
         self.last_summary: CallSummary | None = None
 
     def __enter__(self) -> HarnessSession:
@@ -198,9 +204,11 @@ class HarnessSession:
                 summary.from_store += 1
                 continue
             summary.stale_in_store += stored is not None
-            seen = self._memo.get(key)
+            with self._lock:
+                seen = self._memo.get(key)
+                if seen is not None:
+                    self._memo.move_to_end(key)
             if seen is not None:
-                self._memo.move_to_end(key)
                 rows[job.job_id] = copy_row(seen, job.job_id)
                 store.add(rows[job.job_id])
                 summary.copied += 1
@@ -221,14 +229,10 @@ class HarnessSession:
 
         def on_row(row: dict) -> None:
             key = keys[row["job_id"]]
-            row["content_key"] = key
-            row["cudnn_allow_tf32"] = self.settings.cudnn_allow_tf32
-            row["matmul_allow_tf32"] = self.settings.matmul_allow_tf32
+            self._record(key, row)
             rows[row["job_id"]] = row
             store.add(row)
             summary.measured += 1
-            if (row.get("error_phase") or "") not in _TRANSIENT_PHASES:
-                self._remember(key, row)
             for twin in copies.get(key, []):
                 rows[twin.job_id] = copy_row(row, twin.job_id)
                 store.add(rows[twin.job_id])
@@ -247,16 +251,89 @@ class HarnessSession:
             self.close()  # threads of the failed call may still hold workers: start afresh
             raise
 
+    def submit(self, jobs: Iterable[Job], measure_speed: bool = True) -> list[Future]:
+        """Start `jobs` and return at once: a Future per job, in order, resolved with its row
+        (RESULT_SCHEMA's columns) from a harness thread. Every call feeds one stream, so the
+        builds of jobs submitted now start while earlier calls' jobs still build or run, and
+        no call waits for another's slowest build. A job identical to one measured earlier
+        in the session, or still in flight, is never measured twice: its future gets a copy
+        of that row under its own job id. Rows are not stored in a results file (that is
+        `evaluate`'s). If the batch cannot go on (its device worker fails to start), the
+        futures raise that HarnessError and the next call starts fresh workers."""
+        jobs = list(jobs)
+        futures: list[Future] = []
+        for job in jobs:
+            key = self.content_key(job, measure_speed)
+            future: Future = Future()
+            futures.append(future)
+            with self._lock:
+                seen = self._memo.get(key)
+                if seen is not None:
+                    self._memo.move_to_end(key)
+                    future.set_result(copy_row(seen, job.job_id))
+                    continue
+                if key in self._inflight:
+                    self._inflight[key].append((job.job_id, future))
+                    continue
+                self._inflight[key] = []
+                self._serial += 1
+                token = f"{self._serial}:{job.job_id}"
+            try:
+                batch = self._batch_for({job.backend})
+            except BaseException as exc:
+                self._streamed(key, future, "abort", exc)
+                raise
+            batch.submit(token, job, functools.partial(self._streamed, key, future), measure_speed)
+        return futures
+
+    def _streamed(self, key: str, future: Future, kind: str, payload) -> None:
+        """A submitted job's row (or the batch's error): its future and its twins'."""
+        if kind == "abort":
+            with self._lock:
+                twins = self._inflight.pop(key, [])
+            for f in [future] + [f for _id, f in twins]:
+                if not f.done():
+                    f.set_exception(payload)
+            return
+        self._record(key, payload)
+        with self._lock:
+            twins = self._inflight.pop(key, [])
+        future.set_result(payload)
+        for job_id, twin in twins:
+            twin.set_result(copy_row(payload, job_id))
+
+    def in_flight(self) -> int:
+        """Distinct jobs submitted and not finished."""
+        with self._lock:
+            return len(self._inflight)
+
+    def _record(self, key: str, row: dict) -> None:
+        """A measured row's session columns; remembered unless the failure was the harness's."""
+        row["content_key"] = key
+        row["cudnn_allow_tf32"] = self.settings.cudnn_allow_tf32
+        row["matmul_allow_tf32"] = self.settings.matmul_allow_tf32
+        if (row.get("error_phase") or "") not in _TRANSIENT_PHASES:
+            self._remember(key, row)
+
     def _remember(self, key: str, row: dict) -> None:
-        self._memo[key] = row
-        self._memo.move_to_end(key)
-        while len(self._memo) > MEMO_ROWS:
-            self._memo.popitem(last=False)
+        with self._lock:
+            self._memo[key] = row
+            self._memo.move_to_end(key)
+            while len(self._memo) > MEMO_ROWS:
+                self._memo.popitem(last=False)
 
     def _batch_for(self, backends: set[str]) -> Batch:
-        """The warm workers, started on first use; a new backend restarts them with both."""
+        """The warm workers, started on first use; a new backend restarts them with both
+        (refused while submitted jobs are in flight: they would lose their workers). A batch
+        that cannot go on is replaced."""
+        if self._batch is not None and self._batch.broken is not None and not self.in_flight():
+            self.close()
         if self._batch is not None and backends <= self._batch.backends:
             return self._batch
+        if self._batch is not None and self.in_flight():
+            raise HarnessError(f"backend {sorted(backends)} asked for while {self.in_flight()} "
+                               f"submitted jobs of {sorted(self._batch.backends)} are in flight; "
+                               "wait for their futures first.")
         wanted = sorted(backends | (self._batch.backends if self._batch else set()))
         self.close()
         self._batch = Batch(self.settings, wanted, {b: self.toolchain(b) for b in wanted})

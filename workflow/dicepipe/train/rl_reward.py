@@ -9,12 +9,18 @@ for the whole stage: 1 when the kernel compiled and is correct under a tolerance
 
 from __future__ import annotations
 
+import ast
+import functools
 import math
+import threading
 from collections.abc import Callable, Sequence
+from concurrent.futures import Future
 from dataclasses import KW_ONLY, dataclass, field
 
 import torch
 
+from ..harness.static_checks import static_flags
+from ..harness.verdict import is_correct
 from .rl_tasks import Task
 
 
@@ -48,7 +54,14 @@ def latency_bonus(speedup_low: float | None, cap_speedup: float) -> float:
 @dataclass(eq=False)
 class KernelReward:
     """1 for compiled and correct (verdict under `protocol`, robust if asked) + latency_weight
-    x latency_bonus. Speed is measured only when latency_weight > 0."""
+    x latency_bonus. Speed is measured only when latency_weight > 0.
+
+    `submit(rollouts)` starts scoring and returns at once (a future of the rewards): the
+    rollouts' jobs join the session's stream, so their builds start while the next chunk
+    decodes and never wait for an earlier chunk's slowest build. Rejections that need no
+    build cost none: no code, a file that does not parse (it cannot load), and, under the
+    robust verdict, a static deception flag (the row would carry it, so the verdict is 0
+    whatever the run); identical kernels are measured once per session."""
 
     session: object
     protocol: object
@@ -58,25 +71,68 @@ class KernelReward:
     latency_weight: float
     latency_cap_speedup: float
     calls: int = field(default=0, init=False)
+    skipped: int = field(default=0, init=False)  # rollouts rejected before any job
 
     def __call__(self, rollouts: Sequence[Rollout]) -> list[float]:
+        return self.submit(rollouts).result()
+
+    def submit(self, rollouts: Sequence[Rollout]) -> Future:
         from ..harness import Job
-        from ..harness.verdict import is_correct
 
         self.calls += 1
-        scored = [i for i, r in enumerate(rollouts) if r.code is not None]
+        rollouts = list(rollouts)
         rewards = [0.0] * len(rollouts)
-        if not scored:
-            return rewards
+        scored = []
+        for i, r in enumerate(rollouts):
+            reason = self.rejected_before_build(r.code)
+            if reason is None:
+                scored.append(i)
+            else:
+                self.skipped += 1
+                r.info = {"compiled": False, "correct": False, "rejected": reason}
         jobs = [Job(f"r{self.calls}-{i}", rollouts[i].task.reference_code, rollouts[i].code, self.backend)
                 for i in scored]
-        table = self.session.evaluate(jobs, progress=False, measure_speed=self.latency_weight > 0)
-        for i, row in zip(scored, table.to_pylist()):
+        out: Future = Future()
+        if not jobs:
+            out.set_result(rewards)
+            return out
+        futures = self.session.submit(jobs, measure_speed=self.latency_weight > 0)
+        remaining = [len(futures)]
+        lock = threading.Lock()
+
+        def done(i: int, future: Future) -> None:
+            try:
+                row = future.result()
+            except BaseException as exc:
+                if not out.done():
+                    out.set_exception(exc)
+                return
             correct = is_correct(row, self.protocol, self.robust)
             bonus = latency_bonus(row.get("speedup_low"), self.latency_cap_speedup) if correct else 0.0
             rewards[i] = float(correct) + self.latency_weight * bonus
             rollouts[i].info = {"compiled": bool(row.get("compiled")), "correct": correct}
-        return rewards
+            with lock:
+                remaining[0] -= 1
+                last = remaining[0] == 0
+            if last and not out.done():
+                out.set_result(rewards)
+
+        for i, future in zip(scored, futures):
+            future.add_done_callback(functools.partial(done, i))
+        return out
+
+    def rejected_before_build(self, code: str | None) -> str | None:
+        """Why a rollout earns 0 with no build or run (None: it needs the harness)."""
+        if code is None:
+            return "no_code"
+        try:
+            ast.parse(code)
+        except (SyntaxError, ValueError, RecursionError, MemoryError):
+            return "not_compiled"
+        if self.robust and any(v for k, v in static_flags(code, self.backend).items()
+                               if k.startswith("flag_")):
+            return "flagged"
+        return None
 
 
 def group_advantages(rewards: Sequence[float], group_size: int) -> tuple[list[float], list[bool]]:

@@ -80,7 +80,7 @@ class RolloutModel:
 @dataclass
 class RolloutTimes:
     generate_s: float = 0.0
-    score_s: float = 0.0  # time inside reward calls (in the scoring thread)
+    score_s: float = 0.0  # scoring's span: the first chunk sent to the last reward in
     score_wait_s: float = 0.0  # time the step waited for scoring after the last chunk decoded
     tokens: int = 0
 
@@ -99,9 +99,13 @@ def roll_out(model: RolloutModel, groups: list[tuple[Task, list[int]]], *, group
              scorer: ThreadPoolExecutor) -> tuple[list[Rollout], RolloutTimes]:
     """`group_size` rollouts of each (task, prompt ids); returns them with rewards set, in
     group order. Chunks of `groups_per_call` groups decode in one Decoder call; each chunk
-    goes to the scorer as soon as it is decoded."""
+    goes to scoring as soon as it is decoded: a reward with `submit` (KernelReward) starts
+    its builds at once and returns a future, so chunks never wait on each other's builds;
+    a plain callable runs in the `scorer` thread, one chunk after another."""
     times = RolloutTimes()
     pending = []
+    finished: list[float] = []
+    first_sent = None
     for c, start in enumerate(range(0, len(groups), groups_per_call)):
         chunk = groups[start : start + groups_per_call]
         tasks = [task for task, _ in chunk for _ in range(group_size)]
@@ -112,22 +116,26 @@ def roll_out(model: RolloutModel, groups: list[tuple[Task, list[int]]], *, group
         times.generate_s += time.perf_counter() - t0
         rollouts = _rollouts_of(result, tasks, prompts, group_ids, tokenizer)
         times.tokens += sum(len(r.token_ids) for r in rollouts)
-        pending.append((rollouts, scorer.submit(_timed, reward, rollouts)))
+        first_sent = time.perf_counter() if first_sent is None else first_sent
+        submit = getattr(reward, "submit", None)
+        future = submit(rollouts) if submit is not None else scorer.submit(_checked, reward, rollouts)
+        future.add_done_callback(lambda _f: finished.append(time.perf_counter()))
+        pending.append((rollouts, future))
     t0 = time.perf_counter()
     out = []
     for rollouts, future in pending:
-        rewards, seconds = future.result()
-        times.score_s += seconds
+        rewards = future.result()
+        if len(rewards) != len(rollouts):
+            raise ValueError(f"the reward returned {len(rewards)} values for {len(rollouts)} rollouts")
         for r, value in zip(rollouts, rewards):
             r.reward = float(value)
         out += rollouts
-    times.score_wait_s = time.perf_counter() - t0
+    end = time.perf_counter()
+    times.score_wait_s = end - t0
+    if first_sent is not None:  # (a done-callback may run just after result() returns)
+        times.score_s = (max(finished) if len(finished) == len(pending) else end) - first_sent
     return out, times
 
 
-def _timed(reward: Reward, rollouts):
-    t0 = time.perf_counter()
-    values = reward(rollouts)
-    if len(values) != len(rollouts):
-        raise ValueError(f"the reward returned {len(values)} values for {len(rollouts)} rollouts")
-    return values, time.perf_counter() - t0
+def _checked(reward: Reward, rollouts):
+    return reward(rollouts)
