@@ -349,3 +349,48 @@ def test_a_host_unit_waiting_for_another_builders_lock_lets_cuda_go(tmp_path, mo
     compile_steps.run_steps(tmp_path / "build.ninja", tmp_path / "cache", pch_wait)
     assert (tmp_path / "order").read_text().split() == ["cuda", "host"]
     assert (tmp_path / "m.so").exists() and (tmp_path / "cuda_finished").exists()
+
+
+@pytest.mark.skipif(shutil.which("c++") is None, reason="needs a C++ compiler")
+def test_run_steps_records_each_command(tmp_path):
+    """`steps` gets one record per compiler run (the host unit, the link), with the wall and
+    CPU seconds of its process tree (bench/build_breakdown.py sums them per phase)."""
+    folder = tmp_path / "b"
+    folder.mkdir()
+    (folder / "main.cpp").write_text("int main() { return 0; }\n")
+    (folder / "build.ninja").write_text(NINJA.replace("/tmp/a$:b/main.cpp", "main.cpp")
+                                        .replace("-shared", ""))
+    steps: list[dict] = []
+    compile_steps.run_steps(folder / "build.ninja", tmp_path / "cache", steps=steps)
+    assert [s["step"] for s in steps] == ["host", "link"]
+    for s in steps:
+        assert s["ok"] and s["seconds"] >= 0 and s["cpu_s"] >= 0 and s["wait_s"] >= 0
+    assert (folder / "m.so").exists()
+    # a failing command is recorded too, and nothing is recorded without a list
+    steps.clear()
+    with compile_steps.recording(steps), pytest.raises(compile_steps.StepError):
+        compile_steps.run_command("exit 3", folder, tmp_path / "cache", [], step="host")
+    assert [(s["step"], s["ok"]) for s in steps] == [("host", False)]
+    compile_steps.run_command("true", folder, tmp_path / "cache", [])
+    assert len(steps) == 1
+
+
+def test_run_measured_counts_the_process_tree(tmp_path):
+    """CPU time comes from wait4: a grandchild's work (sh -> sh -> loop) is counted."""
+    code, out, err, wall, cpu = compile_steps.run_measured(
+        "sh -c 'i=0; while [ $i -lt 20000 ]; do i=$((i+1)); done; echo done'", tmp_path,
+        shell=True)
+    assert code == 0 and out.strip() == "done" and err == ""
+    assert cpu > 0 and wall > 0
+
+
+@pytest.mark.parametrize("line, name", [
+    ('gcc -D__CUDA_ARCH__=900 -E -x c++ "cuda.cu" -o "nvcc/cuda.cpp1.ii"', "cuda:preprocess"),
+    ('cudafe++ --c++20 --gnu_version=120200 --module_id_file_name "x.module_id"', "cuda:cudafe"),
+    ('"$CICC_PATH/cicc" --c++20 -arch compute_90 "nvcc/cuda.cpp1.ii"', "cuda:cicc"),
+    ('ptxas -arch=sm_90 -m64 "nvcc/cuda.ptx" -o "nvcc/cuda.sm_90.cubin"', "cuda:ptxas"),
+    ('fatbinary --create="nvcc/cuda.fatbin" -64', "cuda:fatbinary"),
+    ('gcc -c -x c++ -fPIC "nvcc/cuda.cudafe1.cpp" -o "cuda.cuda.o"', "cuda:host-compile"),
+])
+def test_nvcc_phases_are_named(line, name):
+    assert nvcc_split.phase_name(line) == name

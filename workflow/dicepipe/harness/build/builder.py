@@ -28,7 +28,7 @@ import time
 from pathlib import Path
 
 from .buildspec import build_dir, module_name, spec_uses_cuda
-from .compile_steps import StepError, cpu_slot, run_steps, wait_for_lock
+from .compile_steps import StepError, cpu_slot, record_step, run_measured, run_steps, wait_for_lock
 from .nvcc_split import compile_cuda
 
 LOG_LIMIT = 6000
@@ -83,8 +83,10 @@ def build_spec(spec: dict, key: str, cache: Path, use_pch: bool,
     tmp = tmp_root / f"{key}.{os.getpid()}.{time.monotonic_ns()}"
     tmp.mkdir()
     start = time.monotonic()
-    status = _compile(spec, key, tmp, cache, use_pch, light_headers)
+    steps: list[dict] = []
+    status = _compile(spec, key, tmp, cache, use_pch, light_headers, steps)
     status["seconds"] = round(time.monotonic() - start, 3)
+    status["steps"] = steps  # one record per compiler run (compile_steps.record_step)
     for junk in list(tmp.glob("*.o")) + list(tmp.glob("*.o.d")) + list(tmp.glob(".ninja_*")):
         junk.unlink(missing_ok=True)
     shutil.rmtree(tmp / "nvcc", ignore_errors=True)  # nvcc's intermediates: ~50 MB a build
@@ -100,17 +102,18 @@ def build_spec(spec: dict, key: str, cache: Path, use_pch: bool,
 
 
 def _compile(spec: dict, key: str, folder: Path, cache: Path, use_pch: bool,
-             light_headers: bool) -> dict:
+             light_headers: bool, steps: list | None = None) -> dict:
     name = module_name(key)
     with_cuda = spec_uses_cuda(spec)
     sources = write_sources(spec, folder)
     pch_dir = None
     if use_pch and _compiler_is_gcc():
         pch_dir = cache / "pch" / _pch_signature(spec, with_cuda)
-    status = _run_build(spec, name, sources, folder, with_cuda, pch_dir, cache, light_headers)
+    status = _run_build(spec, name, sources, folder, with_cuda, pch_dir, cache, light_headers,
+                        steps)
     if not status["ok"] and pch_dir is not None and _PCH_TROUBLE.search(status["log_tail"]):
         status = _run_build(spec, name, sources, folder, with_cuda, None, cache,  # safety net
-                            light_headers)
+                            light_headers, steps)
         status["pch"] = "pch:retried-without"
     return status
 
@@ -123,7 +126,8 @@ _PCH_TROUBLE = re.compile(r"\.gch\b|precompiled header|torch/extension\.h: No su
 
 
 def _run_build(spec: dict, name: str, sources: list[str], folder: Path, with_cuda: bool,
-               pch_dir: Path | None, cache: Path, light_headers: bool = False) -> dict:
+               pch_dir: Path | None, cache: Path, light_headers: bool = False,
+               steps: list | None = None) -> dict:
     from torch.utils import cpp_extension as ce
 
     include_paths = list(spec["extra_include_paths"])
@@ -150,7 +154,7 @@ def _run_build(spec: dict, name: str, sources: list[str], folder: Path, with_cud
         def cuda_compile(step: dict, log: list[str]) -> str:
             return compile_cuda(step, folder, cache, log, light_headers)
 
-        notes = run_steps(ninja_file, cache, before_compile, cuda_compile) or notes
+        notes = run_steps(ninja_file, cache, before_compile, cuda_compile, steps) or notes
     except (StepError, RuntimeError, OSError, subprocess.SubprocessError) as exc:
         return {"ok": False, "log_tail": _tail(str(exc)), "pch": ",".join(notes)}
     if not (folder / f"{name}.so").is_file():
@@ -208,11 +212,12 @@ def _ensure_pch(ninja_file: Path, pch_dir: Path, cache: Path) -> str:
         tmp = target.with_name(f"extension.h.gch.{os.getpid()}")
         cxx = os.environ.get("CXX", "c++")
         with cpu_slot(cache):
-            proc = subprocess.run([cxx, *flags, "-x", "c++-header", header, "-o", str(tmp)],
-                                  capture_output=True, text=True)
-        if proc.returncode != 0 or not tmp.is_file():
+            returncode, _, stderr, wall, cpu = run_measured(
+                [cxx, *flags, "-x", "c++-header", header, "-o", str(tmp)], None)
+        record_step("pch:host", wall, cpu, returncode == 0)
+        if returncode != 0 or not tmp.is_file():
             tmp.unlink(missing_ok=True)
-            (pch_dir / "failed").write_text(proc.stderr[-4000:])
+            (pch_dir / "failed").write_text(stderr[-4000:])
             return "pch:failed"
         # A source that includes torch/extension.h a second time makes gcc look for the
         # header beside its .gch: the link sends it to the real one (#pragma once holds).

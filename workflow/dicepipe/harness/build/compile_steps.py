@@ -17,6 +17,10 @@ file would run (same flags, same order of arguments) and runs them itself:
   holds no slot: with more builders than slots the cores stay busy until the last build;
 - a cuda unit goes through `nvcc_split`, which runs nvcc's own phases and compiles the host
   side against a precompiled prefix (the device code is nvcc's, untouched).
+
+Every command's wall and CPU time (its whole process tree's, from `wait4`) is recorded in the
+build's `steps` list when one is given (`run_steps(steps=...)`): one entry per compiler run,
+{"step", "seconds", "cpu_s", "wait_s", "ok"}; bench/build_breakdown.py reads them.
 """
 
 from __future__ import annotations
@@ -25,8 +29,10 @@ import contextlib
 import fcntl
 import os
 import re
+import select
 import signal
 import subprocess
+import tempfile
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -272,36 +278,123 @@ def cpu_slot(cache: Path):
         delay = min(delay * 2, 0.25)
 
 
-def run_command(command: str, cwd: Path, cache: Path, log: list[str],
-                env: dict | None = None) -> str:
-    """One shell command (as ninja runs it) in a CPU slot; its output also goes to `log`."""
-    with cpu_slot(cache):
-        if _cancelled():
-            raise StepCancelled()
-        proc = subprocess.Popen(["/bin/sh", "-c", command], cwd=cwd, stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, text=True, env=env)
+def current_steps() -> list | None:
+    """The step record of the build this thread works for (None: not recording)."""
+    return getattr(_local, "steps", None)
+
+
+@contextlib.contextmanager
+def recording(steps: list | None):
+    """Record this thread's commands into `steps` (e.g. in a helper thread of one build)."""
+    before = getattr(_local, "steps", None)
+    _local.steps = steps
+    try:
+        yield
+    finally:
+        _local.steps = before
+
+
+def record_step(step: str, seconds: float, cpu_s: float, ok: bool = True,
+                wait_s: float = 0.0) -> None:
+    steps = current_steps()
+    if steps is not None:
+        steps.append({"step": step, "seconds": round(seconds, 3), "cpu_s": round(cpu_s, 3),
+                      "wait_s": round(wait_s, 3), "ok": ok})
+
+
+def _reap(proc: subprocess.Popen, poll_s: float) -> float | None:
+    """Reap `proc` if it has ended within `poll_s`: its CPU seconds (user + system, its
+    children's included: wait4's usage), or None while it runs. Sets proc.returncode."""
+    pidfd = None
+    with contextlib.suppress(AttributeError, OSError):
+        pidfd = os.pidfd_open(proc.pid)
+    try:
+        deadline = time.monotonic() + poll_s
         while True:
-            try:
-                stdout, stderr = proc.communicate(timeout=0.2)
-                break
-            except subprocess.TimeoutExpired:
-                if _cancelled():
+            pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
+            if pid == proc.pid:
+                proc.returncode = os.waitstatus_to_exitcode(status)
+                return usage.ru_utime + usage.ru_stime
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return None
+            if pidfd is not None:
+                select.select([pidfd], [], [], left)
+            else:
+                time.sleep(min(left, 0.01))
+    finally:
+        if pidfd is not None:
+            os.close(pidfd)
+
+
+def run_measured(argv, cwd: Path, env: dict | None = None, shell: bool = False,
+                 cancellable: bool = False):
+    """Run one process to its end: (returncode, stdout, stderr, wall s, CPU s).
+
+    Output goes through temporary files (no pipe to drain while waiting), and the process is
+    reaped with wait4 for its CPU time. `cancellable`: the build's stop signal kills it."""
+    args = ["/bin/sh", "-c", argv] if shell else argv
+    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+        start = time.monotonic()
+        proc = subprocess.Popen(args, cwd=cwd, stdout=out, stderr=err, env=env)
+        try:
+            while True:
+                cpu = _reap(proc, 0.2)
+                if cpu is not None:
+                    break
+                if cancellable and _cancelled():
                     _kill_tree(proc)
-                    raise StepCancelled() from None
-        if proc.returncode != 0 and getattr(_local, "cancel", None) is not None \
-                and not getattr(_local, "recoverable", False):
-            _local.cancel.set()  # before the slot is free: no sibling starts after a failure
-    output = (stdout + stderr).strip()
-    if output:
-        log.append(output)
-    if proc.returncode != 0:
-        raise StepError(f"command failed (exit {proc.returncode}): {command}\n{output}")
-    return output
+                    raise StepCancelled()
+        except BaseException:
+            if proc.returncode is None:
+                _kill_tree(proc)
+            raise
+        wall = time.monotonic() - start
+        out.seek(0)
+        err.seek(0)
+        stdout = out.read().decode(errors="replace")
+        stderr = err.read().decode(errors="replace")
+    return proc.returncode, stdout, stderr, wall, cpu
 
 
-def run_steps(ninja_file: Path, cache: Path, before_compile=None, cuda_compile=None) -> list[str]:
+def run_command(command: str, cwd: Path, cache: Path, log: list[str],
+                env: dict | None = None, step: str = "command") -> str:
+    """One shell command (as ninja runs it) in a CPU slot; its output also goes to `log`."""
+    return run_commands([(step, command)], cwd, cache, log, env)
+
+
+def run_commands(commands: list[tuple[str, str]], cwd: Path, cache: Path, log: list[str],
+                 env: dict | None = None) -> str:
+    """(step name, shell command) pairs run in order in one CPU slot, stopping at the first
+    that fails (as `set -e` would); each is recorded on its own. Returns their output."""
+    outputs: list[str] = []
+    queued = time.monotonic()
+    with cpu_slot(cache):
+        wait_s = time.monotonic() - queued
+        for step, command in commands:
+            if _cancelled():
+                raise StepCancelled()
+            returncode, stdout, stderr, wall, cpu = run_measured(command, cwd, env, shell=True,
+                                                                 cancellable=True)
+            record_step(step, wall, cpu, returncode == 0, wait_s)
+            wait_s = 0.0
+            if returncode != 0 and getattr(_local, "cancel", None) is not None \
+                    and not getattr(_local, "recoverable", False):
+                _local.cancel.set()  # before the slot is free: no sibling starts after a failure
+            output = (stdout + stderr).strip()
+            if output:
+                log.append(output)
+                outputs.append(output)
+            if returncode != 0:
+                raise StepError(f"command failed (exit {returncode}): {command}\n{output}")
+    return "\n".join(outputs)
+
+
+def run_steps(ninja_file: Path, cache: Path, before_compile=None, cuda_compile=None,
+              steps: list | None = None) -> list[str]:
     """Every compile step in parallel, then the link. Returns notes (e.g. header use).
     The first step to fail stops the others (StepCancelled) and its error is raised.
+    `steps`: a list that receives one timing record per command run (see record_step).
 
     `before_compile(step)` runs outside any slot first (waiting for a precompiled header);
     `cuda_compile(step, log)` replaces running a cuda_compile step's command as it is.
@@ -319,6 +412,7 @@ def run_steps(ninja_file: Path, cache: Path, before_compile=None, cuda_compile=N
         _local.cancel = cancel
         _local.host_first = host_first
         _local.is_host = _local.host_in_line = step["rule"] == "compile"
+        _local.steps = steps
         try:
             run_one(step)
         except BaseException:
@@ -326,7 +420,7 @@ def run_steps(ninja_file: Path, cache: Path, before_compile=None, cuda_compile=N
             raise
         finally:
             _host_leaves_line()
-            _local.cancel = _local.host_first = None
+            _local.cancel = _local.host_first = _local.steps = None
             _local.is_host = False
 
     def run_one(step: dict) -> None:
@@ -341,7 +435,7 @@ def run_steps(ninja_file: Path, cache: Path, before_compile=None, cuda_compile=N
                 with lock:
                     notes.append(note)
         else:
-            run_command(step["command"], folder, cache, log)
+            run_command(step["command"], folder, cache, log, step=_unit_step(step))
 
     with ThreadPoolExecutor(max_workers=max(1, len(compiles))) as pool:
         futures = [pool.submit(one, step) for step in compiles]
@@ -352,5 +446,11 @@ def run_steps(ninja_file: Path, cache: Path, before_compile=None, cuda_compile=N
     if any(errors):  # cancelled with no failure beside it: not expected, still a failed build
         raise StepError("compile steps were stopped with no failing step:\n" + "\n".join(log))
     if link is not None:
-        run_command(link["command"], folder, cache, log)
+        with recording(steps):
+            run_command(link["command"], folder, cache, log, step="link")
     return notes
+
+
+def _unit_step(step: dict) -> str:
+    """The record name of a unit compiled as written: host (main.cpp) or the unit's rule."""
+    return "host" if step["rule"] == "compile" else step["rule"]

@@ -31,11 +31,20 @@ import os
 import re
 import shlex
 import shutil
-import subprocess
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from .compile_steps import StepError, cpu_slot, recoverable, run_command, wait_for_lock
+from .compile_steps import (
+    StepError,
+    cpu_slot,
+    current_steps,
+    record_step,
+    recording,
+    recoverable,
+    run_commands,
+    run_measured,
+    wait_for_lock,
+)
 
 
 def placeholder(module_id: str) -> str:
@@ -49,13 +58,14 @@ _ASSIGN = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=")
 
 def dryrun_lines(command: str, folder: Path, keep: Path) -> list[str]:
     """nvcc's phase lines (assignments and commands) for `command`, intermediates in keep/."""
-    proc = subprocess.run(["/bin/sh", "-c", f"{command} --dryrun --keep --keep-dir {keep}"],
-                          cwd=folder, capture_output=True, text=True, check=False)
-    if proc.returncode != 0:
-        raise StepError(f"nvcc --dryrun failed: {proc.stderr[-2000:]}")
+    returncode, stdout, stderr, wall, cpu = run_measured(
+        f"{command} --dryrun --keep --keep-dir {keep}", folder, shell=True)
+    record_step("cuda:dryrun", wall, cpu, returncode == 0)
+    if returncode != 0:
+        raise StepError(f"nvcc --dryrun failed: {stderr[-2000:]}")
     # "-- Filter Dependencies -- > x.d" is no command: nvcc's own step writing the .d file
     # ninja would read; this build keeps no dependency files.
-    return [line[3:] for line in (proc.stdout + proc.stderr).splitlines()
+    return [line[3:] for line in (stdout + stderr).splitlines()
             if line.startswith("#$ ") and not line[3:].startswith("--")]
 
 
@@ -82,8 +92,31 @@ def phase_env(lines: list[str]) -> dict:
     return env
 
 
-def script(lines: list[str]) -> str:
-    return "set -e\n" + "\n".join(line for line in lines if not _ASSIGN.match(line)) + "\n"
+def phase_name(line: str) -> str:
+    """The record name of one nvcc phase command: cuda:preprocess (the host compiler's -E
+    passes), cuda:cudafe, cuda:cicc, cuda:ptxas, cuda:fatbinary, cuda:host-compile, ..."""
+    try:
+        argv = shlex.split(line)
+    except ValueError:
+        argv = line.split()
+    tool = os.path.basename(argv[0]) if argv else "?"
+    if tool.startswith("cudafe"):
+        return "cuda:cudafe"
+    if tool in ("cicc", "ptxas", "fatbinary", "nvlink"):
+        return f"cuda:{tool}"
+    if "-E" in argv:
+        return "cuda:preprocess"
+    if any(a.endswith(".cudafe1.cpp") for a in argv) and "-c" in argv:
+        return "cuda:host-compile"
+    return f"cuda:{tool}"
+
+
+def run_phases(lines: list[str], folder: Path, cache: Path, log: list[str],
+               env: dict) -> str:
+    """nvcc's phase commands in order in one CPU slot (as `script` would run them), each
+    timed on its own."""
+    return run_commands([(phase_name(line), line) for line in lines if not _ASSIGN.match(line)],
+                        folder, cache, log, env)
 
 
 # `#include <torch/extension.h>` on a line of its own: torch/all.h and pybind11 on top of the
@@ -134,25 +167,31 @@ def _compile_cuda(step: dict, folder: Path, cache: Path, log: list[str]) -> str:
     lines = dryrun_lines(command, folder, Path(keep.name))
     index = host_compile_index(lines)
     if index is None:
-        run_command(command, folder, cache, log)
+        run_commands([("cuda:nvcc", command)], folder, cache, log)
         return "host-pch:not-split"
     env = phase_env(lines)
     front = next((k for k in range(index) if lines[k].startswith("cudafe++")), None)
     if front is None:
-        run_command(script(lines[:index]), folder, cache, log, env)
+        run_phases(lines[:index], folder, cache, log, env)
         header = _prepare_host(lines[index], folder, keep, cache, env)
     else:
-        run_command(script(lines[:front + 1]), folder, cache, log, env)
+        run_phases(lines[:front + 1], folder, cache, log, env)
         # cudafe++ has written the host side and the module id: a missing header is made
         # while cicc and ptxas work on the device side (the first builds of a batch wait
         # for it, so this is their critical path)
+        steps = current_steps()
+
+        def prepare():
+            with recording(steps):
+                return _prepare_host(lines[index], folder, keep, cache, env)
+
         with ThreadPoolExecutor(max_workers=1) as pool:
-            pending = pool.submit(_prepare_host, lines[index], folder, keep, cache, env)
-            run_command(script(lines[front + 1:index]), folder, cache, log, env)
+            pending = pool.submit(prepare)
+            run_phases(lines[front + 1:index], folder, cache, log, env)
             header = pending.result()
     note = _host_pass(lines[index], header, folder, cache, log, env)
     if index + 1 < len(lines):
-        run_command(script(lines[index + 1:]), folder, cache, log, env)
+        run_phases(lines[index + 1:], folder, cache, log, env)
     return note
 
 
@@ -179,22 +218,23 @@ def _prepare_host(line: str, folder: Path, keep: Path, cache: Path, env: dict) -
 
 def _host_pass(line: str, header: dict, folder: Path, cache: Path, log: list[str],
                env: dict) -> str:
-    plain = script([line])
+    plain = [("cuda:host-compile", line)]
     state = header["state"]
     if state not in ("hit", "built"):
-        run_command(plain, folder, cache, log, env)
+        run_commands(plain, folder, cache, log, env)
         return f"host-pch:{state}"
     # The unit takes cudafe1.cpp's place (same folder for its quoted includes, same file
     # name for the names gcc derives from it); the original comes back for a plain pass.
     header["source"].write_text(header["unit"])
     try:
         with recoverable():  # a failure here falls back to the plain pass
-            output = run_command(shlex.join(header["argv"] + ["-Winvalid-pch"]), folder,
-                                 cache, log, env)
+            output = run_commands([("cuda:host-compile", shlex.join(header["argv"]
+                                                                    + ["-Winvalid-pch"]))],
+                                  folder, cache, log, env)
     except StepError as exc:
         log.append(f"host pass against the precompiled header failed; plain pass: {exc}")
         header["source"].write_text(header["original"])
-        run_command(plain, folder, cache, log, env)
+        run_commands(plain, folder, cache, log, env)
         return "host-pch:fallback"
     if "invalid" in output and ".gch" in output:
         return f"host-pch:{state}-unused"
@@ -260,11 +300,12 @@ def _ensure_header(header_dir: Path, prefix: str, base: list[str], folder: Path,
             if cmd[k] == "-x":
                 cmd[k + 1] = "c++-header"
         with cpu_slot(cache):
-            proc = subprocess.run(cmd + [str(header), "-o", str(tmp)], cwd=folder,
-                                  capture_output=True, text=True, env=env, check=False)
-        if proc.returncode != 0 or not tmp.is_file():
+            returncode, _, stderr, wall, cpu = run_measured(cmd + [str(header), "-o", str(tmp)],
+                                                            folder, env)
+        record_step("pch:cuda-host", wall, cpu, returncode == 0)
+        if returncode != 0 or not tmp.is_file():
             tmp.unlink(missing_ok=True)
-            (header_dir / "failed").write_text(proc.stderr[-4000:])
+            (header_dir / "failed").write_text(stderr[-4000:])
             return "failed"
         os.replace(tmp, gch)
         return "built"

@@ -1,0 +1,356 @@
+"""Where a cold kernel build's CPU time goes, on real kernels, and cold builds per minute.
+
+Every `load_inline` spec of a corpus of released kernels (extracted as the harness's extractor
+workers do: the candidate's module run with `load_inline` recording its arguments) is built
+through the harness's own build path (`builder.build_spec`, as BuildService's builder workers
+run it: CPU slots shared by all builders, host unit first, nvcc's phases run one by one, the
+precompiled host headers) into a fresh cache, `--workers` builder processes at a time over
+`--slots` CPU slots. Each build's status carries one record per compiler run (`steps`:
+wall and CPU seconds of the whole process tree, from wait4); the report sums them per phase:
+
+  host              main.cpp: torch/extension.h (precompiled) + the bindings (pybind11)
+  cuda:dryrun       nvcc --dryrun (the phase commands)
+  cuda:preprocess   the host compiler's -E passes of cuda.cu (device and host side)
+  cuda:cudafe       cudafe++ (host side split)           cuda:cicc   device front end + NVVM
+  cuda:ptxas        PTX to SASS                           cuda:fatbinary
+  cuda:host-compile the host pass of cuda.cu (against the precompiled prefix)
+  link              the shared library
+  pch:host, pch:cuda-host   the two precompiled headers, made once per cold cache (apart)
+
+`--variants` runs each variant on the same kernels, each into its own cold cache, in the
+same call, in the order given (the first is the baseline of the ratios):
+
+  baseline          the build as the harness does it (use_pch and cuda_light_headers on)
+  no-light-headers  cuda.cu compiled as written (what cuda_light_headers saves, measured)
+
+Corpus (`--corpus`): the real corpus folder of bench/harness_real_corpus.py (candidates/*.py,
+references/*.py), or a CUDA-L1 release file (optimized_cuda_code/h100.json: one JSON object
+a line, custom_code and ref_code). With a CPU-only torch (this 2-core VM) the bench points
+torch at the local CUDA toolkit and links against empty stand-ins of libc10_cuda/libtorch_cuda
+(the link step is then cheaper than the real one, which is measured on the GPU machine).
+
+    PYTHONPATH=workflow python bench/build_breakdown.py --corpus .carry/realcorpus \\
+        --out $OUT/bb --budget-s 150
+    PYTHONPATH=workflow python bench/build_breakdown.py --corpus h100.json \\
+        --out /tmp/bb --workers 2 --slots 2 --limit 6      # this 2-core VM, CUDA-L1's file
+
+Writes <out>/build_breakdown.json (every build's status and records, the per-phase table per
+variant, builds per minute, ratios against the first variant) and prints the tables.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing
+import os
+import statistics
+import sys
+import tempfile
+import time
+from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "workflow"))
+
+PHASES = ("host", "cuda:dryrun", "cuda:preprocess", "cuda:cudafe", "cuda:cicc", "cuda:ptxas",
+          "cuda:fatbinary", "cuda:host-compile", "link", "pch:host", "pch:cuda-host")
+PCH_STEPS = ("pch:host", "pch:cuda-host")
+
+# name -> what it changes (applied in each builder process by _apply_variant)
+VARIANTS = {
+    "baseline": "the harness as configured (use_pch, cuda_light_headers from params.yaml)",
+    "no-light-headers": "cuda.cu compiled as written (cuda_light_headers off)",
+}
+
+
+# ------------------------------------------------------------------ corpus and specs
+
+def read_corpus(path: Path, limit: int | None, stride: int = 1) -> list[dict]:
+    """[{"name", "code", "ref"}] in a stable order."""
+    items = []
+    if path.is_dir():
+        refs = path / "references"
+        for cand in sorted((path / "candidates").glob("*.py")):
+            ref = refs / cand.name
+            items.append({"name": cand.stem, "code": cand.read_text(),
+                          "ref": ref.read_text() if ref.is_file() else ""})
+    else:
+        text = path.read_text()
+        try:
+            rows = json.loads(text)
+            rows = rows if isinstance(rows, list) else [rows]
+        except json.JSONDecodeError:
+            rows = [json.loads(line) for line in text.splitlines() if line.strip()]
+        for row in rows:
+            code = row.get("custom_code") or row.get("code") or ""
+            if "load_inline" not in code:
+                continue
+            name = f"L{row.get('level_id', '?')}_{row.get('task_id', len(items))}"
+            items.append({"name": name, "code": code, "ref": row.get("ref_code") or ""})
+    items = items[::max(1, stride)]
+    return items[:limit] if limit else items
+
+
+def extract_all(items: list[dict], work: Path) -> list[dict]:
+    """The cuda `load_inline` specs of every candidate, deduplicated by build key."""
+    from dicepipe.harness.build.buildspec import spec_key, spec_uses_cuda, toolchain_fingerprint
+    from dicepipe.harness.worker.extract import extract_specs
+
+    toolchain = toolchain_fingerprint("cuda")
+    seen, specs = set(), []
+    cwd = os.getcwd()
+    for k, item in enumerate(items):
+        folder = work / f"extract-{k}"
+        folder.mkdir(parents=True)
+        try:
+            result = extract_specs(item["code"], item["ref"], folder)
+        finally:
+            os.chdir(cwd)
+        for spec in result["specs"]:
+            if not spec_uses_cuda(spec):
+                continue
+            key = spec_key(spec, toolchain)
+            if key not in seen:
+                seen.add(key)
+                specs.append({"kernel": item["name"], "key": key, "spec": spec})
+    return specs
+
+
+# ------------------------------------------------------------------ builder processes
+
+def _cpu_torch_stand_ins(folder: str) -> dict:
+    """With a CPU-only torch: torch's CUDA home, empty libc10_cuda/libtorch_cuda to link, and
+    the one generated c10/cuda header a CPU wheel lacks (extra spec fields to add)."""
+    import torch
+    from torch.utils import cpp_extension as ce
+
+    if torch.version.cuda is not None:
+        return {}
+    if ce.CUDA_HOME is None:
+        import shutil
+
+        nvcc = os.path.realpath(shutil.which("nvcc") or "/usr/local/cuda/bin/nvcc")
+        home = "/usr/local/cuda" if os.path.isdir("/usr/local/cuda") else os.path.dirname(
+            os.path.dirname(nvcc))
+        ce.CUDA_HOME = home
+        os.environ.setdefault("CUDA_HOME", home)
+    stubs = Path(folder)
+    stubs.mkdir(parents=True, exist_ok=True)
+    for lib in ("c10_cuda", "torch_cuda"):
+        target = stubs / f"lib{lib}.so"
+        if not target.exists():
+            import subprocess
+
+            subprocess.run(["cc", "-shared", "-x", "c", "/dev/null", "-o", str(target)],
+                           check=True)
+    macros = stubs / "include" / "c10" / "cuda" / "impl" / "cuda_cmake_macros.h"
+    macros.parent.mkdir(parents=True, exist_ok=True)
+    macros.write_text("#pragma once\n#define C10_CUDA_BUILD_SHARED_LIBS\n")
+    return {"extra_ldflags": [f"-L{stubs}"], "extra_include_paths": [str(stubs / "include")]}
+
+
+_STATE: dict = {}
+
+
+def _init_builder(variant: str, slots: int, stub_dir: str, arch: str) -> None:
+    from dicepipe.harness.build.compile_steps import SLOTS_ENV
+
+    os.environ[SLOTS_ENV] = str(slots)
+    os.environ["TORCH_CUDA_ARCH_LIST"] = arch
+    os.environ.setdefault("MAX_JOBS", "1")
+    _STATE["stand_ins"] = _cpu_torch_stand_ins(stub_dir)
+    _STATE["variant"] = variant
+    try:
+        os.nice(10)  # as the harness's builders
+    except OSError:
+        pass
+
+
+def _build_one(item: dict, cache: str, use_pch: bool, light_headers: bool) -> dict:
+    from dicepipe.harness.build.builder import build_spec
+
+    spec = dict(item["spec"])
+    for field, extra in _STATE["stand_ins"].items():
+        spec[field] = list(spec[field]) + extra
+    if _STATE["variant"] == "no-light-headers":
+        light_headers = False
+    start = time.monotonic()
+    status = build_spec(spec, item["key"], Path(cache), use_pch, light_headers)
+    return {"kernel": item["kernel"], "key": item["key"], "ok": bool(status.get("ok")),
+            "wall_s": round(time.monotonic() - start, 3), "done_at": time.monotonic(),
+            "pch": status.get("pch"), "steps": status.get("steps", []),
+            "log_tail": (status.get("log_tail") or "")[-400:]}
+
+
+def run_variant(variant: str, specs: list[dict], args, work: Path) -> dict:
+    cache = work / f"cache-{variant}"
+    cache.mkdir(parents=True)
+    ctx = multiprocessing.get_context("spawn")
+    rows: list[dict] = []
+    start = time.monotonic()
+    deadline = start + args.budget_s if args.budget_s else None
+    todo = list(specs)
+    with ProcessPoolExecutor(args.workers, mp_context=ctx, initializer=_init_builder,
+                             initargs=(variant, args.slots, str(work / "stubs"),
+                                       args.arch)) as pool:
+        running = set()
+        while todo or running:
+            while todo and len(running) < args.workers and (
+                    deadline is None or time.monotonic() < deadline):
+                running.add(pool.submit(_build_one, todo.pop(0), str(cache), args.use_pch,
+                                        args.light_headers))
+            if not running:
+                break
+            done, running = wait(running, return_when=FIRST_COMPLETED)
+            for future in done:
+                row = future.result()
+                row["done_at"] = round(row["done_at"] - start, 3)
+                rows.append(row)
+                print(f"  [{variant}] {len(rows)}/{len(specs)} {row['kernel']} "
+                      f"ok={row['ok']} {row['wall_s']:.1f}s "
+                      f"cpu={sum(s['cpu_s'] for s in row['steps']):.1f}s", flush=True)
+    wall = time.monotonic() - start
+    return {"variant": variant, "description": VARIANTS[variant], "wall_s": round(wall, 2),
+            "builds": rows, "summary": summarize(rows, wall, args.slots)}
+
+
+# ------------------------------------------------------------------ report
+
+def _pct(values: list[float], q: float) -> float:
+    if not values:
+        return 0.0
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+
+
+def summarize(rows: list[dict], wall: float, slots: int) -> dict:
+    per_phase: dict[str, list[float]] = {}
+    per_phase_wall: dict[str, list[float]] = {}
+    for row in rows:
+        totals: dict[str, float] = {}
+        walls: dict[str, float] = {}
+        for s in row["steps"]:
+            totals[s["step"]] = totals.get(s["step"], 0.0) + s["cpu_s"]
+            walls[s["step"]] = walls.get(s["step"], 0.0) + s["seconds"]
+        for name, value in totals.items():
+            per_phase.setdefault(name, []).append(value)
+            per_phase_wall.setdefault(name, []).append(walls[name])
+    build_cpu = [sum(s["cpu_s"] for s in r["steps"] if s["step"] not in PCH_STEPS)
+                 for r in rows]
+    all_cpu = sum(sum(v) for v in per_phase.values())
+    phases = {}
+    for name in sorted(per_phase, key=lambda n: (PHASES.index(n) if n in PHASES else 99, n)):
+        values = per_phase[name]
+        phases[name] = {"builds": len(values), "cpu_median_s": round(_pct(values, 0.5), 2),
+                        "cpu_p90_s": round(_pct(values, 0.9), 2),
+                        "cpu_sum_s": round(sum(values), 1),
+                        "share": round(sum(values) / all_cpu, 4) if all_cpu else 0.0,
+                        "wall_median_s": round(_pct(per_phase_wall[name], 0.5), 2)}
+    ok = [r for r in rows if r["ok"]]
+    ok_cpu = [c for r, c in zip(rows, build_cpu) if r["ok"]]
+    fail_cpu = [c for r, c in zip(rows, build_cpu) if not r["ok"]]
+    return {
+        "builds": len(rows), "ok": len(ok), "failed": len(rows) - len(ok),
+        "wall_s": round(wall, 2),
+        "builds_per_min": round(60 * len(rows) / wall, 2) if wall else 0.0,
+        "ok_builds_per_min": round(60 * len(ok) / wall, 2) if wall else 0.0,
+        "first_done_s": min((r["done_at"] for r in rows), default=None),
+        "cpu_s_total": round(all_cpu, 1),
+        "pch_cpu_s": round(sum(sum(per_phase.get(n, [])) for n in PCH_STEPS), 1),
+        # what the slots could do with the PCH made: slots x 60 / mean CPU-s a build
+        "cpu_bound_builds_per_min": round(slots * 60 / statistics.mean(build_cpu), 2)
+        if build_cpu and statistics.mean(build_cpu) > 0 else None,
+        "build_cpu_s": {"median": round(_pct(build_cpu, 0.5), 2),
+                        "p10": round(_pct(build_cpu, 0.1), 2),
+                        "p90": round(_pct(build_cpu, 0.9), 2),
+                        "max": round(max(build_cpu, default=0.0), 2),
+                        "mean": round(statistics.mean(build_cpu), 2) if build_cpu else 0.0},
+        "ok_build_cpu_median_s": round(_pct(ok_cpu, 0.5), 2),
+        "failed_build_cpu_median_s": round(_pct(fail_cpu, 0.5), 2),
+        "phases": phases,
+    }
+
+
+def markdown(results: list[dict], args) -> str:
+    lines = []
+    for res in results:
+        s = res["summary"]
+        lines += [f"### {res['variant']}: {res['description']}", "",
+                  (f"{s['builds']} builds ({s['ok']} ok, {s['failed']} failed) in {s['wall_s']} s "
+                  f"with {args.workers} builders on {args.slots} slots: "
+                  f"**{s['builds_per_min']} builds/min** cold (PCH made in the run, "
+                  f"{s['pch_cpu_s']} CPU-s); CPU-bound rate once the PCH exists "
+                  f"{s['cpu_bound_builds_per_min']}/min; CPU-s a build (no PCH) "
+                  f"median {s['build_cpu_s']['median']}, p10 {s['build_cpu_s']['p10']}, "
+                  f"p90 {s['build_cpu_s']['p90']}, max {s['build_cpu_s']['max']} "
+                  f"(ok builds {s['ok_build_cpu_median_s']}, failed "
+                  f"{s['failed_build_cpu_median_s']})"),
+                  "",
+                  "| phase | builds | CPU s median | CPU s p90 | CPU s sum | share | wall median |",
+                  "| --- | --- | --- | --- | --- | --- | --- |"]
+        for name, p in s["phases"].items():
+            lines.append(f"| {name} | {p['builds']} | {p['cpu_median_s']} | {p['cpu_p90_s']} "
+                         f"| {p['cpu_sum_s']} | {100 * p['share']:.1f}% | "
+                         f"{p['wall_median_s']} |")
+        lines.append("")
+    if len(results) > 1:
+        base = results[0]["summary"]
+        lines += ["| variant | builds/min | ratio | CPU-s a build (median) | ratio |",
+                  "| --- | --- | --- | --- | --- |"]
+        for res in results:
+            s = res["summary"]
+            r1 = s["builds_per_min"] / base["builds_per_min"] if base["builds_per_min"] else 0
+            b, c = base["build_cpu_s"]["median"], s["build_cpu_s"]["median"]
+            lines.append(f"| {res['variant']} | {s['builds_per_min']} | {r1:.2f}x | {c} | "
+                         f"{(c / b if b else 0):.2f}x |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--corpus", type=Path, required=True,
+                        help="real-corpus folder (candidates/, references/) or CUDA-L1 .json")
+    parser.add_argument("--limit", type=int, default=None, help="first N candidates")
+    parser.add_argument("--stride", type=int, default=1, help="every k-th candidate")
+    parser.add_argument("--workers", type=int, default=os.cpu_count() or 1,
+                        help="builder processes (builds in flight)")
+    parser.add_argument("--slots", type=int, default=os.cpu_count() or 1, help="CPU slots")
+    parser.add_argument("--variants", nargs="+", default=["baseline"], choices=list(VARIANTS))
+    parser.add_argument("--budget-s", type=float, default=None,
+                        help="per variant: start no build after this many seconds")
+    parser.add_argument("--arch", default=os.environ.get("TORCH_CUDA_ARCH_LIST") or None,
+                        help="TORCH_CUDA_ARCH_LIST (default: the local GPU's, else 9.0)")
+    parser.add_argument("--no-pch", dest="use_pch", action="store_false")
+    parser.add_argument("--no-light-headers", dest="light_headers", action="store_false")
+    parser.add_argument("--out", type=Path, default=None)
+    args = parser.parse_args()
+    if not args.arch:
+        from dicepipe.harness.build.buildspec import local_cuda_arch
+
+        args.arch = local_cuda_arch() or "9.0"
+    os.environ["TORCH_CUDA_ARCH_LIST"] = args.arch
+    with tempfile.TemporaryDirectory(prefix="build_breakdown_") as tmp:
+        work = Path(tmp)
+        _cpu_torch_stand_ins(str(work / "stubs"))
+        t0 = time.monotonic()
+        items = read_corpus(args.corpus, args.limit, args.stride)
+        specs = extract_all(items, work / "extract")
+        print(f"{len(items)} candidates, {len(specs)} distinct cuda builds "
+              f"(extracted in {time.monotonic() - t0:.1f} s); arch {args.arch}, "
+              f"{args.workers} builders, {args.slots} slots", flush=True)
+        results = [run_variant(v, specs, args, work) for v in args.variants]
+    report = markdown(results, args)
+    print(report)
+    if args.out:
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / "build_breakdown.json").write_text(json.dumps(
+            {"args": {k: str(v) for k, v in vars(args).items()}, "cpu_count": os.cpu_count(),
+             "results": results}, indent=1))
+        (args.out / "build_breakdown.md").write_text(report + "\n")
+
+
+if __name__ == "__main__":
+    main()
