@@ -234,3 +234,63 @@ def test_reward_call_is_submit_then_wait():
     session.finish()
     thread.join(10)
     assert done == [[0.0]]
+
+
+# --- roll_out: chunks go to scoring as they decode; rewards handed back as chunks finish ---------
+
+class _Gen:
+    def __init__(self, n):
+        self.token_ids, self.trace_ids, self.trace_steps, self.stopped = [5] * n, [5] * n, [1] * n, True
+
+
+class _Decoder:
+    def __init__(self, log):
+        self.log = log
+
+    def generate(self, prompts, cfg):
+        self.log.append(("decode", len(prompts)))
+        return type("R", (), {"generations": [_Gen(2) for _ in prompts]})()
+
+
+class _Tok:
+    def decode(self, ids, skip_special_tokens=True):
+        return "```python\nprint(1)\n```"
+
+
+def test_roll_out_submits_every_chunk_before_any_score_and_hands_chunks_back_as_they_finish():
+    """With a streaming reward, the second chunk is submitted while the first is unscored;
+    `on_scored` sees each chunk with its rewards set, in the order scoring finished (the
+    second first here), and the rollouts come back in group order."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from dicepipe.model.decode import DecodeSettings
+    from dicepipe.train.rl_rollout import roll_out
+
+    log: list = []
+
+    class Reward:
+        def __init__(self):
+            self.futures = []
+
+        def submit(self, rollouts):
+            log.append(("submit", len(rollouts)))
+            f = Future()
+            self.futures.append((f, len(rollouts), len(self.futures)))
+            if len(self.futures) == 2:  # finish the second chunk first, then the first
+                for fut, n, c in reversed(self.futures):
+                    fut.set_result([float(c + 1)] * n)
+            return f
+
+    seen = []
+    model = type("M", (), {"decoder": _Decoder(log)})()
+    task = Task("t", 1, RELU_REF, "p")
+    groups = [(task, [1, 2]), (task, [1, 2, 3])]
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        rollouts, times = roll_out(model, groups, group_size=2, groups_per_call=1,
+                                   cfg=DecodeSettings(), tokenizer=_Tok(), reward=Reward(), seed=0,
+                                   scorer=pool, on_scored=lambda rs: seen.append([r.reward for r in rs]))
+    assert log == [("decode", 2), ("submit", 2), ("decode", 2), ("submit", 2)]
+    assert seen == [[2.0, 2.0], [1.0, 1.0]]
+    assert [r.reward for r in rollouts] == [1.0, 1.0, 2.0, 2.0]
+    assert [r.group for r in rollouts] == [0, 0, 1, 1]
+    assert times.score_s >= 0.0 and times.score_wait_s >= 0.0
