@@ -23,6 +23,7 @@ import json
 import time
 
 import torch
+from dicepipe.model.flops import sft_step_flops as step_flops
 from dicepipe.model.layout import build_rows, make_train_batch
 from dicepipe.model.masks import dense_block_diffusion_mask
 from dicepipe.model.objective import BlockDiffusionLM
@@ -44,20 +45,6 @@ def make_batch(rows: int, n: int, prompt_len: int, vocab: int, seed: int):
         examples.append([SFTExample(tuple(ids), tuple(labels))])
     packed = build_rows(examples, n, pad_token_id=151643)
     return make_train_batch(packed, SDAR_MASK_ID, 1e-3, gen)
-
-
-def step_flops(config, batch, allowed_pairs: int) -> dict:
-    hidden, inter, layers = config.hidden_size, config.intermediate_size, config.num_hidden_layers
-    heads, kv_heads, dim = config.num_attention_heads, config.num_key_value_heads, config.head_dim
-    per_token_layer = 2 * (2 * hidden * heads * dim + 2 * hidden * kv_heads * dim + 3 * hidden * inter)
-    tokens = batch.input_ids.numel()
-    linear = 3 * per_token_layer * layers * tokens
-    head_masked = 3 * 2 * hidden * config.vocab_size * int(batch.targets.numel())
-    head_noisy_half = 3 * 2 * hidden * config.vocab_size * (tokens // 2)
-    attention = 3 * 4 * dim * heads * allowed_pairs * layers
-    return {"linear": linear, "attention": attention, "head_masked": head_masked,
-            "head_noisy_half": head_noisy_half, "total": linear + attention + head_masked,
-            "total_issue_convention": linear + attention + head_noisy_half}
 
 
 def matmul_peak_tflops() -> float:

@@ -184,7 +184,7 @@ def main() -> int:
               "prompt_tokens": args.prompt_tokens, "groups_per_call": args.groups_per_call,
               "chunk_rows": chunk_rows, "kernels": args.kernels, "scoring": args.scoring,
               "cpu_count": os.cpu_count(), "build_workers": harness.num_build_workers(),
-              "settings": {k: s[k] for k in ("micro_batch_traces", "activation_checkpointing", "compile",
+              "settings": {k: s[k] for k in ("micro_batch_traces", "pack_tokens", "activation_checkpointing", "compile",
                                              "traces_per_update") if k in s}}
 
     rollout = RolloutModel(lm, block, env, compile_layers=args.backend == "cuda")

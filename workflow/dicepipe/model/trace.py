@@ -71,7 +71,48 @@ def noisy_blocks(trace: Trace, block_size: int) -> list[tuple[int, int]]:
 
 
 def trace_length(trace: Trace, block_size: int) -> int:
+    """Positions of the trace in the layout: its clean copy and its noisy copies."""
     return len(trace) + len(noisy_blocks(trace, block_size)) * block_size
+
+
+def trace_allowed_pairs(trace: Trace, block_size: int) -> int:
+    """Allowed (query, key) pairs of the trace's own positions under `trace_allowed` (the
+    same in any row: nothing attends across traces). Clean block b: B queries x (b+1)B
+    clean keys; a noisy copy of block b: B queries x (bB clean keys + its own B)."""
+    blocks = len(trace) // block_size
+    copies = sum(b + 1 for b, _ in noisy_blocks(trace, block_size))
+    return block_size * block_size * (blocks * (blocks + 1) // 2 + copies)
+
+
+def bucket_length(n: int, base: int = 512, per_octave: int = 2) -> int:
+    """The smallest of base x 2^k x (1 + j / per_octave), j < per_octave, at least n (base
+    512, 2 per octave: 512, 768, 1024, 1536, 2048, 3072, ...): few distinct row lengths for
+    compiled layers (a shape each), at most 1 / per_octave of a row padding."""
+    size = base
+    while True:
+        for j in range(per_octave):
+            length = size + size * j // per_octave
+            if length >= n:
+                return length
+        size *= 2
+
+
+def pack_rows(lengths: Sequence[int], budget: int) -> list[list[int]]:
+    """First-fit decreasing: indices of `lengths` in rows of at most `budget` (an item
+    longer than the budget gets a row of its own). Longest first, ties in the given order;
+    each row's indices in that order (deterministic)."""
+    rows: list[list[int]] = []
+    room: list[int] = []
+    for i in sorted(range(len(lengths)), key=lambda i: -lengths[i]):
+        for r, left in enumerate(room):
+            if lengths[i] <= left:
+                rows[r].append(i)
+                room[r] -= lengths[i]
+                break
+        else:
+            rows.append([i])
+            room.append(budget - lengths[i])
+    return rows
 
 
 @dataclass
@@ -90,7 +131,10 @@ class TraceBatch:
     target_order: torch.Tensor  # (M,) index of the token inside its trace's committed ids
 
     def to(self, device) -> TraceBatch:
-        return TraceBatch(**{k: v.to(device, non_blocking=True) for k, v in self.__dict__.items()})
+        """On a GPU through pinned memory: the copies do not wait for the work already queued."""
+        pin = torch.device(device).type == "cuda"
+        return TraceBatch(**{k: (v.pin_memory() if pin else v).to(device, non_blocking=True)
+                             for k, v in self.__dict__.items()})
 
 
 def _trace_row(trace: Trace, block_size: int, mask_id: int):
@@ -117,12 +161,16 @@ def _trace_row(trace: Trace, block_size: int, mask_id: int):
 
 
 def build_trace_batch(rows: Sequence[Sequence[Trace]], block_size: int, mask_id: int, pad_id: int,
-                      row_multiple: int = 1) -> TraceBatch:
+                      row_multiple: int = 1, length: int | None = None) -> TraceBatch:
     """Pack traces into rows (each inner list one row), padded to the longest row rounded up
-    to `row_multiple` (fixed shapes on GPU). Traces are numbered in row-major order."""
+    to `row_multiple`, or to `length` (fixed shapes on GPU; at least the longest row).
+    Traces are numbered in row-major order."""
     built = [[_trace_row(t, block_size, mask_id) for t in row] for row in rows]
     longest = max(sum(len(r[0]) for r in row) for row in built)
-    length = math.ceil(longest / row_multiple) * row_multiple
+    if length is None:
+        length = math.ceil(longest / row_multiple) * row_multiple
+    elif length < longest:
+        raise ModelError(f"row length {length} is shorter than the longest row ({longest} tokens)")
     shape = (len(rows), length)
     ids = torch.full(shape, pad_id, dtype=torch.long)
     pos, doc, copy, block = (torch.zeros(shape, dtype=torch.long) for _ in range(4))
@@ -152,6 +200,54 @@ def build_trace_batch(rows: Sequence[Sequence[Trace]], block_size: int, mask_id:
     target_ids = torch.tensor([traces[t].token_ids[k] for t, k in zip(trace_of.tolist(), order.tolist())],
                               dtype=torch.long)
     return TraceBatch(ids, pos, doc, copy, block, targets, target_ids, trace_of, order)
+
+
+def trace_batch_counts(batch: TraceBatch) -> dict:
+    """What the batch's real positions cost, padding excluded, from its metadata alone:
+    `tokens` (real layout positions), `allowed_pairs` (allowed (query, key) pairs between
+    them, exactly as `trace_allowed` decides, without building the L x L mask) and
+    `head_tokens` (scored positions: the output layer's rows)."""
+    doc, copy, block = (t.reshape(-1).long().cpu() for t in (batch.doc, batch.copy, batch.block))
+    real = torch.isin(doc, doc[batch.targets.reshape(-1).cpu()].unique())  # padding scores nothing
+    doc, copy, block = doc[real], copy[real], block[real]
+    if doc.numel() == 0:
+        return {"tokens": 0, "allowed_pairs": 0, "head_tokens": 0}
+    clean = copy == 0
+    blocks = int(block.max()) + 2
+    # clean keys per (doc, block), then per doc cumulated over blocks: keys of blocks <= b
+    per_block = torch.bincount(doc[clean] * blocks + block[clean], minlength=(int(doc.max()) + 1) * blocks)
+    upto = per_block.view(-1, blocks).cumsum(1).view(-1)
+    clean_keys = torch.where(clean, upto[doc * blocks + block],
+                             torch.where(block > 0, upto[doc * blocks + (block - 1).clamp(min=0)], 0))
+    # a noisy query's own copy: the keys with its (doc, copy)
+    copies = int(copy.max()) + 1
+    copy_key = doc * copies + copy
+    copy_size = torch.bincount(copy_key, minlength=(int(doc.max()) + 1) * copies)
+    own = torch.where(clean, 0, copy_size[copy_key])
+    return {"tokens": int(real.sum()), "allowed_pairs": int((clean_keys + own).sum()),
+            "head_tokens": int(batch.targets.sum())}
+
+
+def trace_batch_flops(batch: TraceBatch, config) -> dict:
+    """Forward FLOPs of one TracePolicy forward of `batch` (model/flops.py's convention:
+    decoder matmuls over the real positions, noisy copies included, padding excluded;
+    attention over the allowed pairs; the output layer at the scored positions), with the
+    counts they come from."""
+    from .flops import forward_flops
+
+    counts = trace_batch_counts(batch)
+    return {**counts, **forward_flops(config, counts["tokens"], counts["allowed_pairs"], counts["head_tokens"])}
+
+
+def traces_forward_flops(traces: Sequence[Trace], block_size: int, config) -> dict:
+    """The same forward FLOPs as `trace_batch_flops` from the traces themselves (they do not
+    depend on how traces are packed into rows)."""
+    from .flops import forward_flops
+
+    counts = {"tokens": sum(trace_length(t, block_size) for t in traces),
+              "allowed_pairs": sum(trace_allowed_pairs(t, block_size) for t in traces),
+              "head_tokens": sum(len(t.token_ids) for t in traces)}
+    return {**counts, **forward_flops(config, counts["tokens"], counts["allowed_pairs"], counts["head_tokens"])}
 
 
 def trace_allowed(q_doc, kv_doc, q_copy, kv_copy, q_block, kv_block):
