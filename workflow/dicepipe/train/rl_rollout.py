@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import copy
 import time
-from concurrent.futures import ThreadPoolExecutor, as_completed
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import torch
@@ -82,7 +82,6 @@ class RolloutTimes:
     generate_s: float = 0.0
     score_s: float = 0.0  # scoring's span: the first chunk sent to the last reward in
     score_wait_s: float = 0.0  # time the step waited for scoring after the last chunk decoded
-    overlap_s: float = 0.0  # time in `on_scored` (work done while later chunks still scored)
     tokens: int = 0
 
 
@@ -97,15 +96,12 @@ def _rollouts_of(result, chunk, prompt_ids, group_ids, tokenizer) -> list[Rollou
 
 def roll_out(model: RolloutModel, groups: list[tuple[Task, list[int]]], *, group_size: int,
              groups_per_call: int, cfg: DecodeSettings, tokenizer, reward: Reward, seed: int,
-             scorer: ThreadPoolExecutor, on_scored=None) -> tuple[list[Rollout], RolloutTimes]:
+             scorer: ThreadPoolExecutor) -> tuple[list[Rollout], RolloutTimes]:
     """`group_size` rollouts of each (task, prompt ids); returns them with rewards set, in
     group order. Chunks of `groups_per_call` groups decode in one Decoder call; each chunk
     goes to scoring as soon as it is decoded: a reward with `submit` (KernelReward) starts
     its builds at once and returns a future, so chunks never wait on each other's builds;
-    a plain callable runs in the `scorer` thread, one chunk after another.
-    `on_scored(rollouts)`, if given, is called in this thread with each chunk's rollouts once
-    its rewards are in (in the order chunks finish scoring), while later chunks may still
-    be scoring: work that needs a chunk's rewards but not the others' overlaps the wait."""
+    a plain callable runs in the `scorer` thread, one chunk after another."""
     times = RolloutTimes()
     pending = []
     finished: list[float] = []
@@ -126,21 +122,15 @@ def roll_out(model: RolloutModel, groups: list[tuple[Task, list[int]]], *, group
         future.add_done_callback(lambda _f: finished.append(time.perf_counter()))
         pending.append((rollouts, future))
     t0 = time.perf_counter()
-    by_future = {future: rollouts for rollouts, future in pending}
-    for future in as_completed(by_future):
-        rollouts = by_future[future]
+    for rollouts, future in pending:
         rewards = future.result()
         if len(rewards) != len(rollouts):
             raise ValueError(f"the reward returned {len(rewards)} values for {len(rollouts)} rollouts")
         for r, value in zip(rollouts, rewards):
             r.reward = float(value)
-        if on_scored is not None:
-            t1 = time.perf_counter()
-            on_scored(rollouts)
-            times.overlap_s += time.perf_counter() - t1
     out = [r for rollouts, _future in pending for r in rollouts]
     end = time.perf_counter()
-    times.score_wait_s = end - t0 - times.overlap_s
+    times.score_wait_s = end - t0
     if first_sent is not None:  # (a done-callback may run just after result() returns)
         times.score_s = (max(finished) if len(finished) == len(pending) else end) - first_sent
     return out, times
