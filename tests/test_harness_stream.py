@@ -283,7 +283,9 @@ def test_roll_out_submits_every_chunk_before_any_score():
             f = Future()
             self.futures.append((f, len(rollouts), len(self.futures)))
             if len(self.futures) == 1:  # a roll_out that waited here would hang: fail it instead
-                threading.Timer(20, self.force, (f, len(rollouts))).start()
+                timer = threading.Timer(20, self.force, (f, len(rollouts)))
+                timer.daemon = True
+                timer.start()
             if len(self.futures) == 2:  # finish the second chunk first, then the first
                 for fut, n, c in reversed(self.futures):
                     fut.set_result([float(c + 1)] * n)
