@@ -49,7 +49,7 @@ from dicepipe.model.shapes import SDAR_MASK_ID, SHAPES, qwen3_config, random_qwe
 from dicepipe.train.parallel import init_distributed
 from dicepipe.train.rl_rollout import RolloutModel, decode_settings, roll_out
 from dicepipe.train.rl_tasks import Task
-from dicepipe.train.rl_update import TraceScorer, build_policy, train_on_rollouts
+from dicepipe.train.rl_update import EarlyLogprobs, TraceScorer, build_policy, train_on_rollouts
 from dicepipe.train.optim import make_adamw
 
 TINY = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
@@ -208,19 +208,21 @@ def main() -> int:
         # the step
         t_step = time.perf_counter()
         rollout.sync(policy)
+        early = EarlyLogprobs(scorer, None, s)  # as the stage: every group is kept here
         with ThreadPoolExecutor(max_workers=1) as pool:
             rollouts, times = roll_out(rollout, groups, group_size=args.group,
                                        groups_per_call=args.groups_per_call, cfg=cfg,
-                                       tokenizer=tokenizer, reward=reward, seed=0, scorer=pool)
+                                       tokenizer=tokenizer, reward=reward, seed=0, scorer=pool,
+                                       on_scored=early.add)
         kept = [(r, 1.0 if i % 2 else -1.0) for i, r in enumerate(rollouts)]
         t0 = time.perf_counter()
-        stats = train_on_rollouts(scorer, None, optimizer, kept, rollouts[0], s, env)
+        stats = train_on_rollouts(scorer, None, optimizer, kept, rollouts[0], s, env, early=early)
         _sync(env)
-        train_s = time.perf_counter() - t0
+        train_s = time.perf_counter() - t0 + times.overlap_s
         step_s = time.perf_counter() - t_step
         trained_tokens = sum(len(r.prompt_ids) + len(r.token_ids) for r in rollouts)
         report.update(step_s=step_s, generate_s=times.generate_s, score_s=times.score_s,
-                      score_wait_s=times.score_wait_s, train_s=train_s, gen_tokens=times.tokens,
+                      score_wait_s=times.score_wait_s, overlap_s=times.overlap_s, train_s=train_s, gen_tokens=times.tokens,
                       step_gen_tokens_per_s=times.tokens / times.generate_s,
                       scoring_kernels_per_s_in_step=args.kernels / max(times.score_s, 1e-9),
                       train_trace_tokens_per_s=trained_tokens / train_s, train_stats=stats)

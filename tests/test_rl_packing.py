@@ -203,3 +203,44 @@ def test_update_flops_do_not_depend_on_packing():
     frozen = update_flops(_rollouts(traces), {"kl_reference": "frozen", "activation_checkpointing": True},
                           block, config)
     assert frozen["total"] == 5 * fwd["total"] and frozen["recompute"] == fwd["total"]
+
+
+@pytest.mark.parametrize("pack", [0, 1])
+def test_log_probs_computed_early_give_the_same_step(lm, pack):
+    """Old log-probabilities computed during scoring (EarlyLogprobs, in other micro-batches:
+    here half the traces, in reverse order) give the step the same loss, gradients and weights
+    as computing them inside train_on_rollouts; traces it does not hold are computed there."""
+    from dicepipe.train.rl_update import EarlyLogprobs
+
+    traces = _traces(10, seed=5)
+    advantages = [float(a) for a in torch.linspace(-1.0, 1.3, len(traces))]
+    budget = pack * 3 * max(trace_length(t, BLOCK) for t in traces)
+    base, base_grads, _, base_policy = _train(lm, traces, advantages, budget, 4)
+
+    env = init_distributed("cpu")
+    settings = {"attention": "sdpa", "pack_tokens": budget, "micro_batch_traces": 1, "traces_per_update": 4,
+                "max_new_tokens": 24, "clip_eps": 0.2, "kl_beta": 0.05, "max_grad_norm": 1e9}
+    block = BlockSettings(block_size=BLOCK, mask_token_id=MASK_ID, pad_token_id=PAD_ID, stop_token_ids=(1,))
+    policy = TracePolicy(copy.deepcopy(lm).train(), BLOCK)
+    scorer = TraceScorer(policy, settings, block, env, bf16=False, bucket=False)
+    rollouts = _rollouts(traces)
+    early = EarlyLogprobs(scorer, None, settings)
+    early.add(rollouts[::-2])  # half of them, another order and packing than the update's
+    assert len(early.store) == 5
+    calls = []
+    score = scorer.score
+    scorer.score = lambda p: calls.append(p) or score(p)
+    optimizer = GradRecorder(policy.parameters(), lr=0.05)
+    stats = train_on_rollouts(scorer, None, optimizer, list(zip(rollouts, advantages)), rollouts[0],
+                              settings, env, early=early)
+    assert stats["updates"] == base["updates"] == 3
+    for key in ("loss", "kl", "clip_fraction"):
+        assert abs(base[key] - stats[key]) < 1e-6, key
+    for a, b in zip(base_grads, optimizer.seen, strict=True):
+        for ga, gb in zip(a, b):
+            assert torch.allclose(ga, gb, atol=1e-6, rtol=1e-4)
+    for p, q in zip(base_policy.parameters(), policy.parameters()):
+        assert torch.allclose(p, q, atol=1e-6)
+    # every update's forward ran; of the old log-probs only those of micro-batches it lacked
+    if not pack:
+        assert len(calls) == 10 + 5

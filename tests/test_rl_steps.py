@@ -186,11 +186,13 @@ def test_stage_rewards_real_kernels_and_updates_on_them(repo_root, params, tmp_p
         decoded.append((kwargs["group_size"], rollouts))
         return rollouts, times
 
-    def train_spy(scorer, *args):
+    def train_spy(scorer, *args, **kwargs):
         before = [p.detach().clone() for p in scorer.policy.parameters()]
-        stats = real_train(scorer, *args)
+        stats = real_train(scorer, *args, **kwargs)
         moved = any(not torch.equal(b, p) for b, p in zip(before, scorer.policy.parameters()))
         updates.append((list(args[2]), stats, moved))  # args: ref scorer, optimiser, kept, ...
+        # the kept traces' old log-probabilities were computed while scoring went on
+        assert {id(r) for r, _a in args[2]} <= set(kwargs["early"].store)
         return stats
 
     monkeypatch.setattr(rl, "roll_out", roll_out_spy)

@@ -40,7 +40,7 @@ from .parallel import DistEnv, all_reduce_sum, barrier
 from .rl_reward import Reward, group_advantages
 from .rl_rollout import RolloutModel, decode_settings, device_copy, roll_out
 from .rl_tasks import EncodedTasks, task_schedule
-from .rl_update import TraceScorer, build_policy, train_on_rollouts
+from .rl_update import EarlyLogprobs, TraceScorer, build_policy, train_on_rollouts
 
 log = logging.getLogger(__name__)
 
@@ -98,15 +98,26 @@ def rl_step(run: RLRun, step: int) -> dict:
         run.optimizer.state.clear()
     groups = choose_groups(run, step)
     run.rollout.sync(run.scorer.policy)
+    # While later chunks still score, the old log-probabilities of the kept groups of those
+    # already scored (they need the traces and this step's policy, no other reward); one
+    # process only (FSDP ranks must run their forwards in step).
+    early = None if env.distributed else EarlyLogprobs(run.scorer, run.ref_scorer, s)
+
+    def on_scored(chunk):
+        _adv, kept_chunk = group_advantages([r.reward for r in chunk], s["group_size"])
+        early.add([r for i, r in enumerate(chunk) if kept_chunk[i // s["group_size"]]])
+
     rollouts, times = roll_out(run.rollout, groups, group_size=s["group_size"],
                                groups_per_call=s["rollout_groups_per_call"], cfg=decode_settings(s),
                                tokenizer=run.loaded.tokenizer, reward=run.reward,
-                               seed=stable_seed(s["seed"], step, env.rank), scorer=run.pool)
+                               seed=stable_seed(s["seed"], step, env.rank), scorer=run.pool,
+                               on_scored=None if early is None else on_scored)
     advantages, kept_groups = group_advantages([r.reward for r in rollouts], s["group_size"])
     kept = [(r, a) for r, a in zip(rollouts, advantages) if kept_groups[r.group]]
     t0 = time.perf_counter()
-    stats = train_on_rollouts(run.scorer, run.ref_scorer, run.optimizer, kept, rollouts[0], s, env)
-    train_s = time.perf_counter() - t0
+    stats = train_on_rollouts(run.scorer, run.ref_scorer, run.optimizer, kept, rollouts[0], s, env,
+                              early=early)
+    train_s = time.perf_counter() - t0 + times.overlap_s
     counts = all_reduce_sum(torch.tensor([len(groups), sum(kept_groups), len(rollouts),
                                           sum(r.reward for r in rollouts), times.tokens],
                                          dtype=torch.float64, device=env.device), env)

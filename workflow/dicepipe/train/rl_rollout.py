@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import copy
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
 
 import torch
@@ -82,6 +82,7 @@ class RolloutTimes:
     generate_s: float = 0.0
     score_s: float = 0.0  # scoring's span: the first chunk sent to the last reward in
     score_wait_s: float = 0.0  # time the step waited for scoring after the last chunk decoded
+    overlap_s: float = 0.0  # time in `on_scored`: work done while later chunks still scored
     tokens: int = 0
 
 
@@ -96,12 +97,16 @@ def _rollouts_of(result, chunk, prompt_ids, group_ids, tokenizer) -> list[Rollou
 
 def roll_out(model: RolloutModel, groups: list[tuple[Task, list[int]]], *, group_size: int,
              groups_per_call: int, cfg: DecodeSettings, tokenizer, reward: Reward, seed: int,
-             scorer: ThreadPoolExecutor) -> tuple[list[Rollout], RolloutTimes]:
+             scorer: ThreadPoolExecutor, on_scored=None) -> tuple[list[Rollout], RolloutTimes]:
     """`group_size` rollouts of each (task, prompt ids); returns them with rewards set, in
     group order. Chunks of `groups_per_call` groups decode in one Decoder call; each chunk
     goes to scoring as soon as it is decoded: a reward with `submit` (KernelReward) starts
     its builds at once and returns a future, so chunks never wait on each other's builds;
-    a plain callable runs in the `scorer` thread, one chunk after another."""
+    a plain callable runs in the `scorer` thread, one chunk after another.
+    `on_scored(rollouts)`, if given, gets each chunk's rollouts in this thread once their
+    rewards are in, in the order chunks finish scoring, while later chunks may still score:
+    work that needs one chunk's rewards but not the others' overlaps the wait (rl.py: the
+    kept groups' old log-probabilities). Its time is `overlap_s`, not waiting."""
     times = RolloutTimes()
     pending = []
     finished: list[float] = []
@@ -122,15 +127,21 @@ def roll_out(model: RolloutModel, groups: list[tuple[Task, list[int]]], *, group
         future.add_done_callback(lambda _f: finished.append(time.perf_counter()))
         pending.append((rollouts, future))
     t0 = time.perf_counter()
-    for rollouts, future in pending:
+    by_future = {future: rollouts for rollouts, future in pending}
+    for future in as_completed(by_future):
+        rollouts = by_future[future]
         rewards = future.result()
         if len(rewards) != len(rollouts):
             raise ValueError(f"the reward returned {len(rewards)} values for {len(rollouts)} rollouts")
         for r, value in zip(rollouts, rewards):
             r.reward = float(value)
+        if on_scored is not None:
+            t1 = time.perf_counter()
+            on_scored(rollouts)
+            times.overlap_s += time.perf_counter() - t1
     out = [r for rollouts, _future in pending for r in rollouts]
     end = time.perf_counter()
-    times.score_wait_s = end - t0
+    times.score_wait_s = end - t0 - times.overlap_s
     if first_sent is not None:  # (a done-callback may run just after result() returns)
         times.score_s = (max(finished) if len(finished) == len(pending) else end) - first_sent
     return out, times

@@ -129,13 +129,55 @@ def _items(micro: list[list]) -> list:
     return [it for row in micro for it in row]
 
 
+class EarlyLogprobs:
+    """Old (and frozen-reference) log-probabilities of kept traces computed before training,
+    while later chunks of the step are still being scored (rl.py hands each chunk's kept
+    groups here as its rewards arrive); `train_on_rollouts` then gathers them for its
+    micro-batches instead of running those forwards again. They do not depend on any reward,
+    only on the traces and the policy before this step's updates, which is the policy here.
+    One process only: under FSDP every rank would have to run the same forwards in step."""
+
+    def __init__(self, scorer: TraceScorer, ref_scorer: TraceScorer | None, settings: dict):
+        self.scorer, self.ref_scorer, self.settings = scorer, ref_scorer, settings
+        self.store: dict[int, tuple] = {}  # id(rollout) -> (old, ref or None) by token order
+
+    @torch.no_grad()
+    def add(self, rollouts) -> None:
+        items = [(r, 0.0, 1.0) for r in rollouts if id(r) not in self.store]
+        for micro in _micro_batches(items, self.settings, self.scorer.block):  # as the update's
+            prepared = self.scorer.prepare([_traces_of([r for r, _, _ in row]) for row in micro])
+            old = _logprobs(self.scorer, prepared)
+            ref = None if self.ref_scorer is None else _logprobs(self.ref_scorer, prepared)
+            batch = prepared.batch
+            for j, (r, _, _) in enumerate(_items(micro)):
+                sel = batch.target_trace == j
+                self.store[id(r)] = tuple(
+                    None if values is None else
+                    values.new_zeros(len(r.token_ids)).index_put_((batch.target_order[sel],), values[sel])
+                    for values in (old, ref))
+
+    def gather(self, items: list, batch: TraceBatch):
+        """(old, ref) for a micro-batch's targets, or None if any of its traces is missing."""
+        stored = [self.store.get(id(r)) for r, _, _ in items]
+        if any(s is None for s in stored):
+            return None
+        lengths = torch.tensor([len(r.token_ids) for r, _, _ in items], device=batch.target_trace.device)
+        starts = torch.cumsum(lengths, 0) - lengths
+        index = starts[batch.target_trace] + batch.target_order
+        old = torch.cat([s[0] for s in stored])[index]
+        ref = old if self.ref_scorer is None else torch.cat([s[1] for s in stored])[index]
+        return old, ref
+
+
 def train_on_rollouts(scorer: TraceScorer, ref_scorer: TraceScorer | None, optimizer,
-                      kept: list[tuple], fallback, settings: dict, env: DistEnv) -> dict:
+                      kept: list[tuple], fallback, settings: dict, env: DistEnv,
+                      early: EarlyLogprobs | None = None) -> dict:
     """One pass over this rank's kept (rollout, advantage) pairs in `updates` optimiser
     updates, the same count on every rank (a rank short of traces runs zero-weight
     micro-batches of `fallback`). Old (and frozen-reference) log-probabilities of every
     trace are computed before the first update, so later updates are off-policy by the
-    earlier ones and the clipping acts, as in the release."""
+    earlier ones and the clipping acts, as in the release; those `early` already holds
+    (computed during scoring) are gathered from it."""
     total = int(all_reduce_sum(torch.tensor(float(len(kept)), device=env.device), env))
     stats = {"updates": 0, "loss": 0.0, "kl": 0.0, "clip_fraction": 0.0, "grad_norm": 0.0}
     if total == 0:
@@ -155,8 +197,12 @@ def train_on_rollouts(scorer: TraceScorer, ref_scorer: TraceScorer | None, optim
         prepared, o, rf = [], [], []
         for m in micro:
             prepared.append(scorer.prepare([_traces_of([r for r, _, _ in row]) for row in m]))
-            o.append(_logprobs(scorer, prepared[-1]))
-            rf.append(o[-1] if ref_scorer is None else _logprobs(ref_scorer, prepared[-1]))
+            got = None if early is None else early.gather(_items(m), prepared[-1].batch)
+            if got is None:
+                got = _logprobs(scorer, prepared[-1]), None
+                got = got[0], (got[0] if ref_scorer is None else _logprobs(ref_scorer, prepared[-1]))
+            o.append(got[0])
+            rf.append(got[1])
         plan.append((micro, prepared, float(count[1]) * settings["max_new_tokens"] / env.world_size))
         old.append(o)
         ref.append(rf)
