@@ -258,9 +258,9 @@ class _Tok:
 
 
 def test_roll_out_submits_every_chunk_before_any_score():
-    """With a streaming reward, the second chunk is submitted while the first is unscored
-    (and scoring may finish in any order); the rollouts come back in group order with their
-    chunk's rewards."""
+    """With a streaming reward, the second chunk is submitted while the first is unscored;
+    `on_scored` sees each chunk with its rewards set, in the order scoring finished (the
+    second first here), and the rollouts come back in group order with their chunk's rewards."""
     from concurrent.futures import ThreadPoolExecutor
 
     from dicepipe.model.decode import DecodeSettings
@@ -291,14 +291,16 @@ def test_roll_out_submits_every_chunk_before_any_score():
                     fut.set_result([float(c + 1)] * n)
             return f
 
+    seen = []
     model = type("M", (), {"decoder": _Decoder(log)})()
     task = Task("t", 1, RELU_REF, "p")
     groups = [(task, [1, 2]), (task, [1, 2, 3])]
     with ThreadPoolExecutor(max_workers=1) as pool:
         rollouts, times = roll_out(model, groups, group_size=2, groups_per_call=1,
                                    cfg=DecodeSettings(), tokenizer=_Tok(), reward=Reward(), seed=0,
-                                   scorer=pool)
+                                   scorer=pool, on_scored=lambda rs: seen.append([r.reward for r in rs]))
     assert log == [("decode", 2), ("submit", 2), ("decode", 2), ("submit", 2)]
+    assert seen == [[2.0, 2.0], [1.0, 1.0]]
     assert [r.reward for r in rollouts] == [1.0, 1.0, 2.0, 2.0]
     assert [r.group for r in rollouts] == [0, 0, 1, 1]
     assert times.score_s >= 0.0 and times.score_wait_s >= 0.0
