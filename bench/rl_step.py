@@ -17,7 +17,7 @@ Reference figures measured in the same run: the Decoder's own tokens/s on one ch
 (warm, no weight sync, nothing beside it), and the harness session's rate on `--kernels` fresh
 kernels alone (no decoding beside it; `--alone 0` skips it).
 
-    PYTHONPATH=workflow python3 bench/rl_step.py --out $OUT            # GPU, ~7-9 minutes
+    PYTHONPATH=workflow python3 bench/rl_step.py --out $OUT --alone 0  # GPU, ~8 minutes (H200: a 415 s step)
     PYTHONPATH=workflow python3 bench/rl_step.py --shape tiny --backend cpu --tasks 2 \\
         --group 2 --new-tokens 16 --kernels 2 --out /tmp/rl_step      # CPU smoke (~1 min)
 """
