@@ -102,6 +102,8 @@ def run_stage(args, params, stage: str) -> int:
                               latency_cap_speedup=settings["latency_cap_speedup"])
         summary = run_rl(loaded, encoded, val, reward, settings, paths, env, options)
     if summary is not None and env.is_main:
-        log.info("%s %s done: best step %s (validation reward %s), %d groups kept", stage, args.scale,
-                 summary["best_step"], summary["best_val_reward"], summary["groups_kept_total"])
+        log.info("%s %s done: best step %s (validation reward %s), %d groups kept; %d rollouts "
+                 "rejected before any build (no code, unparsable, statically flagged)", stage, args.scale,
+                 summary["best_step"], summary["best_val_reward"], summary["groups_kept_total"],
+                 reward.skipped)
     return 0
