@@ -304,3 +304,17 @@ def test_roll_out_submits_every_chunk_before_any_score():
     assert [r.reward for r in rollouts] == [1.0, 1.0, 2.0, 2.0]
     assert [r.group for r in rollouts] == [0, 0, 1, 1]
     assert times.score_s >= 0.0 and times.score_wait_s >= 0.0
+
+
+def test_a_broken_batch_is_replaced_on_the_next_submit(build_cache_dir):
+    """A batch that cannot go on (its device worker failed to start, say) answers with its
+    error; the next submit, with nothing in flight, starts fresh workers."""
+    from dicepipe.errors import HarnessError
+
+    with HarnessSession(settings(build_cache_dir)) as session:
+        first = session.submit([job("a", RELU_REF, GOOD)], measure_speed=False)[0].result(timeout=300)
+        assert first["correct"]
+        old = session._batch
+        old.broken = HarnessError("the cpu device worker failed to start 3 times: test")
+        row = session.submit([job("w", RELU_REF, WRONG)], measure_speed=False)[0].result(timeout=300)
+        assert session._batch is not old and not row["correct"] and row["compiled"]

@@ -275,14 +275,11 @@ class HarnessSession:
                 if key in self._inflight:
                     self._inflight[key].append((job.job_id, future))
                     continue
+            batch = self._batch_for({job.backend})  # (before this key counts as in flight)
+            with self._lock:
                 self._inflight[key] = []
                 self._serial += 1
                 token = f"{self._serial}:{job.job_id}"
-            try:
-                batch = self._batch_for({job.backend})
-            except BaseException as exc:
-                self._streamed(key, future, "abort", exc)
-                raise
             batch.submit(token, job, functools.partial(self._streamed, key, future), measure_speed)
         return futures
 
