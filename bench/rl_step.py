@@ -29,7 +29,6 @@ import json
 import logging
 import os
 import sys
-import threading
 import time
 import uuid
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -43,12 +42,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "workflow"))
 from dicepipe.augment import generate_tasks
 from dicepipe.augment.authors.templates import TemplateAuthor
 from dicepipe.harness import HarnessSession, HarnessSettings, Job
-from dicepipe.model.loading import LoadedModel
 from dicepipe.model.settings import BlockSettings
 from dicepipe.model.shapes import SDAR_MASK_ID, SHAPES, qwen3_config, random_qwen3
 from dicepipe.train.parallel import init_distributed
 from dicepipe.train.rl_rollout import RolloutModel, decode_settings, roll_out
 from dicepipe.train.rl_tasks import Task
+from dicepipe.train.rl_reward import when_all
 from dicepipe.train.rl_update import EarlyLogprobs, TraceScorer, build_policy, train_on_rollouts
 from dicepipe.train.optim import make_adamw
 
@@ -117,19 +116,8 @@ class StepReward:
 
     def submit(self, rollouts) -> Future:
         futures = self.session.submit(self._jobs(rollouts), measure_speed=False)
-        out: Future = Future()
-        left = [len(futures)]
-        lock = threading.Lock()
-
-        def done(_f):
-            with lock:
-                left[0] -= 1
-                if left[0] == 0:
-                    out.set_result(self._values(len(rollouts)))
-
-        for f in futures:
-            f.add_done_callback(done)
-        return out
+        return when_all(dict(enumerate(futures)), lambda _i, _row: None,
+                        lambda: self._values(len(rollouts)))
 
 
 class PerCallReward(StepReward):
@@ -168,11 +156,9 @@ def main() -> int:
     lm = random_qwen3(qwen3_config(shape, vocab_size=vocab), seed=0)
     block = BlockSettings(block_size=4, mask_token_id=mask_id, pad_token_id=0, stop_token_ids=(1,))
     tokenizer = TextTokenizer()
-    loaded = LoadedModel(lm, tokenizer, block)
     gen = torch.Generator().manual_seed(0)
     groups = [(Task(f"t{i}", 1, "", ""), torch.randint(2, mask_id, (args.prompt_tokens + 37 * i,),
                                                         generator=gen).tolist()) for i in range(args.tasks)]
-    rows = args.tasks * args.group
     alone = args.kernels if args.alone < 0 else args.alone
     nonce = uuid.uuid4().hex[:8]
     pairs = kernel_files(params, args.backend, args.kernels + alone, nonce)

@@ -259,8 +259,8 @@ class _Tok:
 
 def test_roll_out_submits_every_chunk_before_any_score():
     """With a streaming reward, the second chunk is submitted while the first is unscored;
-    `on_scored` sees each chunk with its rewards set, in the order scoring finished (the
-    second first here), and the rollouts come back in group order with their chunk's rewards."""
+    `on_scored` sees each chunk once with its rewards set, and the rollouts come back in group
+    order with their chunk's rewards."""
     from concurrent.futures import ThreadPoolExecutor
 
     from dicepipe.model.decode import DecodeSettings
@@ -300,7 +300,8 @@ def test_roll_out_submits_every_chunk_before_any_score():
                                    cfg=DecodeSettings(), tokenizer=_Tok(), reward=Reward(), seed=0,
                                    scorer=pool, on_scored=lambda rs: seen.append([r.reward for r in rs]))
     assert log == [("decode", 2), ("submit", 2), ("decode", 2), ("submit", 2)]
-    assert seen == [[2.0, 2.0], [1.0, 1.0]]
+    assert sorted(seen) == [[1.0, 1.0], [2.0, 2.0]]  # each chunk once, with its rewards (both
+    # were done before roll_out waited, so in no set order)
     assert [r.reward for r in rollouts] == [1.0, 1.0, 2.0, 2.0]
     assert [r.group for r in rollouts] == [0, 0, 1, 1]
     assert times.score_s >= 0.0 and times.score_wait_s >= 0.0
@@ -318,3 +319,17 @@ def test_a_broken_batch_is_replaced_on_the_next_submit(build_cache_dir):
         old.broken = HarnessError("the cpu device worker failed to start 3 times: test")
         row = session.submit([job("w", RELU_REF, WRONG)], measure_speed=False)[0].result(timeout=300)
         assert session._batch is not old and not row["correct"] and row["compiled"]
+
+
+def test_a_failed_harness_call_fails_the_rewards_future():
+    """The batch's error (say, its device worker never starts) reaches the reward's caller."""
+    from dicepipe.errors import HarnessError
+
+    session = RecordingSession(lambda j: _row())
+    reward = KernelReward(session, named_protocol("strict"), robust=True, backend="cpu",
+                          latency_weight=0.0, latency_cap_speedup=4.0)
+    future = reward.submit([_rollout(HONEST_RELU), _rollout(HONEST_RELU)])
+    session.futures[0][1].set_exception(HarnessError("the cpu device worker failed to start"))
+    session.futures[1][1].set_result(_row())
+    with pytest.raises(HarnessError, match="failed to start"):
+        future.result(timeout=5)

@@ -16,13 +16,13 @@ from .tokenizer import IGNORE_INDEX, SFTExample
 MAX_NOISE_RETRIES = 10
 
 
-def pack_examples(lengths: Sequence[int], capacity: int) -> list[list[int]]:
-    """First-fit decreasing: indices of examples per row, no row over `capacity` tokens.
-    Deterministic (ties broken by index); examples longer than `capacity` are left out."""
-    order = sorted((i for i, n in enumerate(lengths) if n <= capacity), key=lambda i: (-lengths[i], i))
+def first_fit_rows(lengths: Sequence[int], capacity: int) -> list[list[int]]:
+    """First-fit decreasing: indices of `lengths` in rows of at most `capacity`, longest
+    first (ties by index), each row's indices in the order they were placed; an item longer
+    than `capacity` gets a row of its own (deterministic)."""
     rows: list[list[int]] = []
     free: list[int] = []
-    for i in order:
+    for i in sorted(range(len(lengths)), key=lambda i: (-lengths[i], i)):
         for r, room in enumerate(free):
             if lengths[i] <= room:
                 rows[r].append(i)
@@ -31,7 +31,13 @@ def pack_examples(lengths: Sequence[int], capacity: int) -> list[list[int]]:
         else:
             rows.append([i])
             free.append(capacity - lengths[i])
-    return [sorted(row) for row in rows]
+    return rows
+
+
+def pack_examples(lengths: Sequence[int], capacity: int) -> list[list[int]]:
+    """First-fit decreasing: indices of examples per row, no row over `capacity` tokens.
+    Deterministic (ties broken by index); examples longer than `capacity` are left out."""
+    return [sorted(row) for row in first_fit_rows(lengths, capacity) if lengths[row[0]] <= capacity]
 
 
 @dataclass

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 import torch
 
 from ..errors import ModelError
+from .layout import first_fit_rows as pack_rows  # noqa: F401 (the RL update's packing)
 from .objective import BlockDiffusionLM
 
 DEFAULT_CHUNK_ROWS = 2048
@@ -95,24 +96,6 @@ def bucket_length(n: int, base: int = 512, per_octave: int = 2) -> int:
             if length >= n:
                 return length
         size *= 2
-
-
-def pack_rows(lengths: Sequence[int], budget: int) -> list[list[int]]:
-    """First-fit decreasing: indices of `lengths` in rows of at most `budget` (an item
-    longer than the budget gets a row of its own). Longest first, ties in the given order;
-    each row's indices in that order (deterministic)."""
-    rows: list[list[int]] = []
-    room: list[int] = []
-    for i in sorted(range(len(lengths)), key=lambda i: -lengths[i]):
-        for r, left in enumerate(room):
-            if lengths[i] <= left:
-                rows[r].append(i)
-                room[r] -= lengths[i]
-                break
-        else:
-            rows.append([i])
-            room.append(budget - lengths[i])
-    return rows
 
 
 @dataclass

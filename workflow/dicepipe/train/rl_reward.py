@@ -92,34 +92,15 @@ class KernelReward:
                 r.info = {"compiled": False, "correct": False, "rejected": reason}
         jobs = [Job(f"r{self.calls}-{i}", rollouts[i].task.reference_code, rollouts[i].code, self.backend)
                 for i in scored]
-        out: Future = Future()
-        if not jobs:
-            out.set_result(rewards)
-            return out
-        futures = self.session.submit(jobs, measure_speed=self.latency_weight > 0)
-        remaining = [len(futures)]
-        lock = threading.Lock()
+        futures = self.session.submit(jobs, measure_speed=self.latency_weight > 0) if jobs else []
 
-        def done(i: int, future: Future) -> None:
-            try:
-                row = future.result()
-            except BaseException as exc:
-                if not out.done():
-                    out.set_exception(exc)
-                return
+        def score(i: int, row: dict) -> None:
             correct = is_correct(row, self.protocol, self.robust)
             bonus = latency_bonus(row.get("speedup_low"), self.latency_cap_speedup) if correct else 0.0
             rewards[i] = float(correct) + self.latency_weight * bonus
             rollouts[i].info = {"compiled": bool(row.get("compiled")), "correct": correct}
-            with lock:
-                remaining[0] -= 1
-                last = remaining[0] == 0
-            if last and not out.done():
-                out.set_result(rewards)
 
-        for i, future in zip(scored, futures):
-            future.add_done_callback(functools.partial(done, i))
-        return out
+        return when_all(dict(zip(scored, futures)), score, lambda: rewards)
 
     def rejected_before_build(self, code: str | None) -> str | None:
         """Why a rollout earns 0 with no build or run (None: it needs the harness)."""
@@ -133,6 +114,34 @@ class KernelReward:
                                if k.startswith("flag_")):
             return "flagged"
         return None
+
+
+def when_all(futures: dict, each: Callable, result: Callable) -> Future:
+    """A future of `result()`, resolved once every one of `futures` ({key: future}) is done
+    and `each(key, value)` has run for it, in the thread that finished it; the first error
+    (of a future or of `each`) instead, if any."""
+    out: Future = Future()
+    left = [len(futures)]
+    lock = threading.Lock()
+
+    def done(key, future: Future) -> None:
+        try:
+            each(key, future.result())
+        except BaseException as exc:
+            with lock:
+                if not out.done():
+                    out.set_exception(exc)
+            return
+        with lock:
+            left[0] -= 1
+            if left[0] == 0 and not out.done():
+                out.set_result(result())
+
+    if not futures:
+        out.set_result(result())
+    for key, future in futures.items():
+        future.add_done_callback(functools.partial(done, key))
+    return out
 
 
 def group_advantages(rewards: Sequence[float], group_size: int) -> tuple[list[float], list[bool]]:

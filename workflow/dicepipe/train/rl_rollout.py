@@ -104,9 +104,9 @@ def roll_out(model: RolloutModel, groups: list[tuple[Task, list[int]]], *, group
     its builds at once and returns a future, so chunks never wait on each other's builds;
     a plain callable runs in the `scorer` thread, one chunk after another.
     `on_scored(rollouts)`, if given, gets each chunk's rollouts in this thread once their
-    rewards are in, in the order chunks finish scoring, while later chunks may still score:
-    work that needs one chunk's rewards but not the others' overlaps the wait (rl.py: the
-    kept groups' old log-probabilities). Its time is `overlap_s`, not waiting."""
+    rewards are in (chunks already scored first, then as they finish), while later chunks
+    may still score: work that needs one chunk's rewards but not the others' overlaps the
+    wait (rl.py: the kept groups' old log-probabilities). Its time is `overlap_s`, not waiting."""
     times = RolloutTimes()
     pending = []
     finished: list[float] = []

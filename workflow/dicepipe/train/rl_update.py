@@ -199,8 +199,8 @@ def train_on_rollouts(scorer: TraceScorer, ref_scorer: TraceScorer | None, optim
             prepared.append(scorer.prepare([_traces_of([r for r, _, _ in row]) for row in m]))
             got = None if early is None else early.gather(_items(m), prepared[-1].batch)
             if got is None:
-                got = _logprobs(scorer, prepared[-1]), None
-                got = got[0], (got[0] if ref_scorer is None else _logprobs(ref_scorer, prepared[-1]))
+                old_m = _logprobs(scorer, prepared[-1])
+                got = old_m, (old_m if ref_scorer is None else _logprobs(ref_scorer, prepared[-1]))
             o.append(got[0])
             rf.append(got[1])
         plan.append((micro, prepared, float(count[1]) * settings["max_new_tokens"] / env.world_size))

@@ -92,15 +92,20 @@ def _yields_to_host() -> bool:
 
 
 @contextlib.contextmanager
-def recoverable():
-    """Commands run inside may fail without failing the build (a first try that has a
-    fallback: light headers, the precompiled host header): their failure stops no sibling."""
-    before = getattr(_local, "recoverable", False)
-    _local.recoverable = True
+def _thread_setting(name: str, value):
+    """This thread's `name` set to `value` inside the block, restored after it."""
+    before = getattr(_local, name, None)
+    setattr(_local, name, value)
     try:
         yield
     finally:
-        _local.recoverable = before
+        setattr(_local, name, before)
+
+
+def recoverable():
+    """Commands run inside may fail without failing the build (a first try that has a
+    fallback: light headers, the precompiled host header): their failure stops no sibling."""
+    return _thread_setting("recoverable", True)
 
 
 def _descendants(pid: int) -> list[int]:
@@ -283,15 +288,9 @@ def current_steps() -> list | None:
     return getattr(_local, "steps", None)
 
 
-@contextlib.contextmanager
 def recording(steps: list | None):
     """Record this thread's commands into `steps` (e.g. in a helper thread of one build)."""
-    before = getattr(_local, "steps", None)
-    _local.steps = steps
-    try:
-        yield
-    finally:
-        _local.steps = before
+    return _thread_setting("steps", steps)
 
 
 def record_step(step: str, seconds: float, cpu_s: float, ok: bool = True,
