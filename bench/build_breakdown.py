@@ -22,6 +22,11 @@ same call, in the order given (the first is the baseline of the ratios):
 
   baseline          the build as the harness does it (use_pch and cuda_light_headers on)
   no-light-headers  cuda.cu compiled as written (what cuda_light_headers saves, measured)
+  no-minimal-headers  no minimal-header tier (harness.run.minimal_headers off): the harness
+                    of session 13, the "before" of the minimal headers
+
+Each variant's summary also counts the header tier each build compiled with (`tiers`): the
+cuda unit's (minimal-headers, light-headers, full-headers) and main.cpp's.
 
 Corpus (`--corpus`): the real corpus folder of bench/harness_real_corpus.py (candidates/*.py,
 references/*.py), or a CUDA-L1 release file (optimized_cuda_code/h100.json: one JSON object
@@ -62,15 +67,38 @@ PCH_STEPS = ("pch:host", "pch:cuda-host")
 VARIANTS = {
     "baseline": "the harness as configured (use_pch, cuda_light_headers from params.yaml)",
     "no-light-headers": "cuda.cu compiled as written (cuda_light_headers off)",
+    "no-minimal-headers": "no minimal-header tier (minimal_headers off): the harness before it",
 }
 
 
 # ------------------------------------------------------------------ corpus and specs
 
+def template_corpus(count: int) -> list[dict]:
+    """Up to `count` distinct kernels of the augment templates author (the RL step bench's
+    kernels): the CUDA sources a scripted author writes for the shipped tasks."""
+    import yaml
+
+    from dicepipe.augment.authors.templates import TemplateAuthor
+    from dicepipe.augment.tasks import generate_tasks
+
+    params = yaml.safe_load((ROOT / "params.yaml").read_text())
+    tasks = generate_tasks(dict(params["augment"], max_tasks={}), "cuda")
+    author = TemplateAuthor()
+    items, codes = [], set()
+    for task in tasks:
+        code = author.write(task, 0).code
+        if code not in codes and len(items) < count:
+            codes.add(code)
+            items.append({"name": task.task_id, "code": code, "ref": task.reference_code})
+    return items
+
+
 def read_corpus(path: Path, limit: int | None, stride: int = 1) -> list[dict]:
     """[{"name", "code", "ref"}] in a stable order."""
     items = []
-    if path.is_dir():
+    if str(path).startswith("templates:"):
+        items = template_corpus(int(str(path).split(":", 1)[1]))
+    elif path.is_dir():
         refs = path / "references"
         for cand in sorted((path / "candidates").glob("*.py")):
             ref = refs / cand.name
@@ -174,10 +202,13 @@ def _build_one(item: dict, cache: str, use_pch: bool, light_headers: bool) -> di
     spec = dict(item["spec"])
     for field, extra in _STATE["stand_ins"].items():
         spec[field] = list(spec[field]) + extra
+    minimal_headers = True
     if _STATE["variant"] == "no-light-headers":
-        light_headers = False
+        light_headers = minimal_headers = False
+    if _STATE["variant"] == "no-minimal-headers":
+        minimal_headers = False
     start = time.monotonic()
-    status = build_spec(spec, item["key"], Path(cache), use_pch, light_headers)
+    status = build_spec(spec, item["key"], Path(cache), use_pch, light_headers, minimal_headers)
     return {"kernel": item["kernel"], "key": item["key"], "ok": bool(status.get("ok")),
             "wall_s": round(time.monotonic() - start, 3), "done_at": time.monotonic(),
             "pch": status.get("pch"), "steps": status.get("steps", []),
@@ -270,7 +301,21 @@ def summarize(rows: list[dict], wall: float, slots: int) -> dict:
         "ok_build_cpu_median_s": round(_pct(ok_cpu, 0.5), 2),
         "failed_build_cpu_median_s": round(_pct(fail_cpu, 0.5), 2),
         "phases": phases,
+        "tiers": tier_counts(rows),
     }
+
+
+def tier_counts(rows: list[dict]) -> dict:
+    """How many builds compiled each unit with which headers (from the build's notes)."""
+    counts: dict[str, int] = {}
+    for row in rows:
+        notes = (row.get("pch") or "").split(",")
+        cuda = next((n for n in notes if n in ("minimal-headers", "light-headers",
+                                                 "full-headers")), "as-written")
+        host = next((n for n in notes if n.startswith("host:")), "host:as-written")
+        for name in (f"cuda:{cuda}", host):
+            counts[name] = counts.get(name, 0) + 1
+    return dict(sorted(counts.items()))
 
 
 def markdown(results: list[dict], args) -> str:
@@ -286,7 +331,7 @@ def markdown(results: list[dict], args) -> str:
                   f"median {s['build_cpu_s']['median']}, p10 {s['build_cpu_s']['p10']}, "
                   f"p90 {s['build_cpu_s']['p90']}, max {s['build_cpu_s']['max']} "
                   f"(ok builds {s['ok_build_cpu_median_s']}, failed "
-                  f"{s['failed_build_cpu_median_s']})"),
+                  f"{s['failed_build_cpu_median_s']}); header tiers {s['tiers']}"),
                   "",
                   "| phase | builds | CPU s median | CPU s p90 | CPU s sum | share | wall median |",
                   "| --- | --- | --- | --- | --- | --- | --- |"]

@@ -92,7 +92,8 @@ def _host_pass(line: str, folder, cache) -> str:
 def test_host_pass_shares_one_precompiled_prefix(tmp_path):
     cache = tmp_path / "cache"
     notes = []
-    for k, mid in ((1, "_aaaa1111_7_cuda_cu_0001"), (2, "_bbbb2222_7_cuda_cu_0002")):
+    for k, mid in ((1, "_aaaa1111_7_cuda_cu_0001"), (2, "_bbbb2222_7_cuda_cu_0002"),
+                   (3, "_cccc3333_7_cuda_cu_0003")):
         folder = tmp_path / f"b{k}"
         line = _host_unit(folder, mid, k)
         notes.append(_host_pass(line, folder, cache))
@@ -104,8 +105,9 @@ def test_host_pass_shares_one_precompiled_prefix(tmp_path):
         subprocess.run(["c++", str(main), str(folder / "cuda.cuda.o"), "-o", str(exe)],
                        check=True)
         assert subprocess.run([str(exe)]).returncode == 40 + 2 * k
-    assert notes == ["host-pch:built", "host-pch:hit"]  # second module id: same prefix
-    assert len(list((cache / "pch-cuda-host").iterdir())) == 1
+    # made on the prefix's second build, used by the third (other module ids, same prefix)
+    assert notes == ["host-pch:first-seen", "host-pch:built", "host-pch:hit"]
+    assert len([e for e in (cache / "pch-cuda-host").iterdir() if e.is_dir()]) == 1
 
 
 @pytest.mark.skipif(shutil.which("c++") is None, reason="needs a C++ compiler")
@@ -192,6 +194,33 @@ def test_light_headers_leave_other_sources_alone(tmp_path, monkeypatch, text, li
     note = nvcc_split.compile_cuda({"in": ["cuda.cu"], "command": "nvcc"}, tmp_path, tmp_path,
                                    [], light_headers=light)
     assert seen == [text] and note == "host-pch:built"
+
+
+@pytest.mark.parametrize("error,compiles", [
+    ('error: namespace "torch" has no member "nn"', 3),  # missing: each lighter tier, then all
+    ('error: expected a ";"', 2),  # the source's own error: straight to the headers as written
+])
+def test_minimal_headers_first_then_lighter_tiers_only_for_missing_declarations(
+        tmp_path, monkeypatch, error, compiles):
+    (tmp_path / "cuda.cu").write_text(CU)
+    seen = []
+
+    def compile_once(step, folder, cache, log):
+        text = (folder / "cuda.cu").read_text()
+        seen.append(text)
+        if text != CU:
+            raise compile_steps.StepError(error)
+        return "host-pch:built"
+
+    monkeypatch.setattr(nvcc_split, "_compile_cuda", compile_once)
+    log: list[str] = []
+    note = nvcc_split.compile_cuda({"in": ["cuda.cu"], "command": "nvcc"}, tmp_path, tmp_path,
+                                   log, light_headers=True, minimal_headers=True)
+    assert "/preludes/" in seen[0] and "<torch/" not in seen[0]  # the minimal prelude first
+    assert len(seen) == compiles and seen[-1] == CU and note.endswith(",full-headers")
+    if compiles == 3:
+        assert seen[1] == CU.replace("#include <torch/extension.h>", nvcc_split._LEFT_OUT)
+    assert (tmp_path / "cuda.cu").read_text() == CU
 
 
 def test_only_precompiled_header_trouble_triggers_a_build_without_it():

@@ -48,9 +48,10 @@ class WorkerPool:
 
 class BuildService:
     def __init__(self, pool: WorkerPool, cache: Path, toolchain: dict, timeout_s: float,
-                 use_pch: bool, light_headers: bool = False):
+                 use_pch: bool, light_headers: bool = False, minimal_headers: bool = False):
         self.pool, self.cache, self.toolchain = pool, cache, toolchain
         self.timeout_s, self.use_pch, self.light_headers = timeout_s, use_pch, light_headers
+        self.minimal_headers = minimal_headers
         self._executor = ThreadPoolExecutor(max_workers=len(pool.workers),
                                             thread_name_prefix="build")
         self._lock = threading.Lock()
@@ -84,7 +85,7 @@ class BuildService:
 
     def _build(self, spec: dict, key: str) -> dict:
         message = {"op": "build", "spec": spec, "key": key, "use_pch": self.use_pch,
-                   "light_headers": self.light_headers}
+                   "light_headers": self.light_headers, "minimal_headers": self.minimal_headers}
         reply = self.pool.call(message, self.timeout_s)
         if reply.get("op") == "failed":
             status = {"ok": False, "transient": True,

@@ -33,7 +33,8 @@ MEASUREMENT_FIELDS = (
     "cudnn_allow_tf32", "matmul_allow_tf32", "timing_gate",
 )
 OPERATIONAL_FIELDS = (
-    "build_timeout_s", "build_workers", "use_pch", "cuda_light_headers", "cache_dir", "devices",
+    "build_timeout_s", "build_workers", "use_pch", "cuda_light_headers", "minimal_headers",
+    "cache_dir", "devices",
 )
 
 
@@ -91,6 +92,7 @@ class HarnessSettings:
     build_workers: int
     use_pch: bool
     cuda_light_headers: bool
+    minimal_headers: bool
     cache_dir: str
     # Set by the caller, not params.yaml's harness section.
     repeats: int = 1

@@ -28,8 +28,18 @@ import time
 from pathlib import Path
 
 from .buildspec import build_dir, module_name, spec_uses_cuda
-from .compile_steps import StepError, cpu_slot, record_step, run_measured, run_steps, wait_for_lock
+from .compile_steps import (
+    StepError,
+    cpu_slot,
+    recoverable,
+    record_step,
+    run_command,
+    run_measured,
+    run_steps,
+    wait_for_lock,
+)
 from .nvcc_split import compile_cuda
+from .preludes import minimal_source, prelude_path
 
 LOG_LIMIT = 6000
 
@@ -68,11 +78,11 @@ def write_sources(spec: dict, folder: Path) -> list[str]:
 
 
 def build_spec(spec: dict, key: str, cache: Path, use_pch: bool,
-               light_headers: bool = False) -> dict:
+               light_headers: bool = False, minimal_headers: bool = False) -> dict:
     """Build into cache/ext/<key>/ unless already there; return the status dict.
 
-    use_pch and light_headers change how a source compiles, never what it does, so they are
-    not part of the key (see nvcc_split.compile_cuda for light_headers)."""
+    use_pch, light_headers and minimal_headers change how a source compiles, not what it
+    computes, so they are not part of the key (see nvcc_split.compile_cuda and preludes)."""
     final = build_dir(cache, key)
     status_file = final / "status.json"
     if status_file.is_file():
@@ -84,7 +94,7 @@ def build_spec(spec: dict, key: str, cache: Path, use_pch: bool,
     tmp.mkdir()
     start = time.monotonic()
     steps: list[dict] = []
-    status = _compile(spec, key, tmp, cache, use_pch, light_headers, steps)
+    status = _compile(spec, key, tmp, cache, use_pch, light_headers, steps, minimal_headers)
     status["seconds"] = round(time.monotonic() - start, 3)
     status["steps"] = steps  # one record per compiler run (compile_steps.record_step)
     for junk in list(tmp.glob("*.o")) + list(tmp.glob("*.o.d")) + list(tmp.glob(".ninja_*")):
@@ -102,7 +112,8 @@ def build_spec(spec: dict, key: str, cache: Path, use_pch: bool,
 
 
 def _compile(spec: dict, key: str, folder: Path, cache: Path, use_pch: bool,
-             light_headers: bool, steps: list | None = None) -> dict:
+             light_headers: bool, steps: list | None = None,
+             minimal_headers: bool = False) -> dict:
     name = module_name(key)
     with_cuda = spec_uses_cuda(spec)
     sources = write_sources(spec, folder)
@@ -110,10 +121,10 @@ def _compile(spec: dict, key: str, folder: Path, cache: Path, use_pch: bool,
     if use_pch and _compiler_is_gcc():
         pch_dir = cache / "pch" / _pch_signature(spec, with_cuda)
     status = _run_build(spec, name, sources, folder, with_cuda, pch_dir, cache, light_headers,
-                        steps)
+                        steps, minimal_headers)
     if not status["ok"] and pch_dir is not None and _PCH_TROUBLE.search(status["log_tail"]):
         status = _run_build(spec, name, sources, folder, with_cuda, None, cache,  # safety net
-                            light_headers, steps)
+                            light_headers, steps, minimal_headers)
         status["pch"] = "pch:retried-without"
     return status
 
@@ -127,7 +138,7 @@ _PCH_TROUBLE = re.compile(r"\.gch\b|precompiled header|torch/extension\.h: No su
 
 def _run_build(spec: dict, name: str, sources: list[str], folder: Path, with_cuda: bool,
                pch_dir: Path | None, cache: Path, light_headers: bool = False,
-               steps: list | None = None) -> dict:
+               steps: list | None = None, minimal_headers: bool = False) -> dict:
     from torch.utils import cpp_extension as ce
 
     include_paths = list(spec["extra_include_paths"])
@@ -151,10 +162,35 @@ def _run_build(spec: dict, name: str, sources: list[str], folder: Path, with_cud
                 return None
             return _ensure_pch(ninja_file, pch_dir, cache)
 
-        def cuda_compile(step: dict, log: list[str]) -> str:
-            return compile_cuda(step, folder, cache, log, light_headers)
+        def host_compile(step: dict, log: list[str]) -> str | None:
+            """main.cpp against its minimal prelude first (see preludes), then as written."""
+            source = Path(step["in"][0]) if step["in"] else None
+            if source is not None and not source.is_absolute():
+                source = folder / source
+            text = source.read_text() if source is not None and source.is_file() else ""
+            minimal = minimal_source(text, cache, binding=True) if text else None
+            if minimal is not None:
+                header = ""
+                if pch_dir is not None:
+                    header = _ensure_prelude_pch(prelude_path(minimal), ninja_file, cache)
+                source.write_text(minimal)  # the same line count
+                try:
+                    with recoverable():  # its failure is not the build's: as written next
+                        run_command(step["command"], folder, cache, log, step="host")
+                    return ",".join(n for n in ("host:minimal-headers", header) if n)
+                except StepError as exc:
+                    log.append(f"main.cpp with minimal headers failed; as written: {exc}")
+                finally:
+                    source.write_text(text)
+            note = before_compile(step)
+            run_command(step["command"], folder, cache, log, step="host")
+            return ",".join(n for n in (note, "host:full-headers" if minimal else None) if n)
 
-        notes = run_steps(ninja_file, cache, before_compile, cuda_compile, steps) or notes
+        def cuda_compile(step: dict, log: list[str]) -> str:
+            return compile_cuda(step, folder, cache, log, light_headers, minimal_headers)
+
+        notes = run_steps(ninja_file, cache, before_compile, cuda_compile, steps,
+                          host_compile if minimal_headers else None) or notes
     except (StepError, RuntimeError, OSError, subprocess.SubprocessError) as exc:
         return {"ok": False, "log_tail": _tail(str(exc)), "pch": ",".join(notes)}
     if not (folder / f"{name}.so").is_file():
@@ -225,6 +261,52 @@ def _ensure_pch(ninja_file: Path, pch_dir: Path, cache: Path) -> str:
             os.symlink(header, link)
         os.rename(tmp, target)
         return "pch:built"
+
+
+def _ensure_prelude_pch(header: Path | None, ninja_file: Path, cache: Path) -> str:
+    """Precompile a minimal prelude (preludes.py) with this build's flags, once per flag set.
+
+    gcc looks for `<header>.gch` beside a header included first and, when that is a folder,
+    uses the first file in it made with matching options: one file a flag set, so builds
+    with other flags share the folder. It is made the second time a (prelude, flags) pair is
+    used: the first build compiles plainly, so a prelude used once costs no header. A build
+    that finds another builder making it waits (holding no CPU slot); a failed one is not
+    tried again and the unit compiles plainly."""
+    if header is None or not header.is_file():
+        return ""
+    cflags = _ninja_variable(ninja_file, "cflags")
+    flags = [f for f in shlex.split(cflags) if not f.startswith("-DTORCH_EXTENSION_NAME=")]
+    cxx = os.environ.get("CXX", "c++")
+    digest = hashlib.sha256(json.dumps([cxx, flags]).encode()).hexdigest()[:16]
+    folder = header.with_name(header.name + ".gch")
+    target = folder / digest
+    failed = header.with_name(f"{header.name}.{digest}.failed")
+    if target.is_file():
+        return "prelude-pch:hit"
+    if failed.is_file():
+        return "prelude-pch:failed-before"
+    seen = header.with_name(f"{header.name}.{digest}.seen")
+    if not seen.is_file():  # made on its second use: a prelude seen once costs no header
+        seen.touch()
+        return "prelude-pch:first-seen"
+    folder.mkdir(exist_ok=True)
+    with open(header.with_name(f"{header.name}.{digest}.lock"), "w") as lock:
+        wait_for_lock(lock)
+        if target.is_file():
+            return "prelude-pch:hit"
+        if failed.is_file():
+            return "prelude-pch:failed-before"
+        tmp = header.with_name(f"{header.name}.{digest}.{os.getpid()}.tmp")
+        with cpu_slot(cache):
+            returncode, _, stderr, wall, cpu = run_measured(
+                [cxx, *flags, "-x", "c++-header", str(header), "-o", str(tmp)], None)
+        record_step("pch:prelude", wall, cpu, returncode == 0)
+        if returncode != 0 or not tmp.is_file():
+            tmp.unlink(missing_ok=True)
+            failed.write_text(stderr[-4000:])
+            return "prelude-pch:failed"
+        os.replace(tmp, target)
+        return "prelude-pch:built"
 
 
 def _ninja_variable(ninja_file: Path, name: str) -> str:

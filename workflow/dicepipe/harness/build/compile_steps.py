@@ -390,13 +390,14 @@ def run_commands(commands: list[tuple[str, str]], cwd: Path, cache: Path, log: l
 
 
 def run_steps(ninja_file: Path, cache: Path, before_compile=None, cuda_compile=None,
-              steps: list | None = None) -> list[str]:
+              steps: list | None = None, host_compile=None) -> list[str]:
     """Every compile step in parallel, then the link. Returns notes (e.g. header use).
     The first step to fail stops the others (StepCancelled) and its error is raised.
     `steps`: a list that receives one timing record per command run (see record_step).
 
     `before_compile(step)` runs outside any slot first (waiting for a precompiled header);
-    `cuda_compile(step, log)` replaces running a cuda_compile step's command as it is.
+    `cuda_compile(step, log)` replaces running a cuda_compile step's command as it is;
+    `host_compile(step, log)` a compile (main.cpp) step's, before_compile included.
     """
     folder = ninja_file.parent
     compiles, link = plan(ninja_file)
@@ -423,6 +424,12 @@ def run_steps(ninja_file: Path, cache: Path, before_compile=None, cuda_compile=N
             _local.is_host = False
 
     def run_one(step: dict) -> None:
+        if step["rule"] == "compile" and host_compile is not None:
+            note = host_compile(step, log)
+            if note:
+                with lock:
+                    notes.append(note)
+            return
         if before_compile is not None:
             note = before_compile(step)
             if note:

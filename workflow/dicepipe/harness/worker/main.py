@@ -157,7 +157,8 @@ def _serve_build(cfg: dict, channel) -> None:
             return
         try:
             status = build_spec(msg["spec"], msg["key"], cache, msg["use_pch"],
-                                msg.get("light_headers", False))
+                                msg.get("light_headers", False),
+                                msg.get("minimal_headers", False))
         except Exception as exc:
             status = {"ok": False, "transient": True, "log_tail": f"builder error: {exc!r}"}
         channel.send({"op": "result", "status": status})

@@ -1,0 +1,172 @@
+"""Minimal headers (harness/build/preludes.py): what a prelude holds, that main.cpp's prelude
+declares every pybind11 caster <torch/extension.h> does, that a real CPU extension builds
+with it and one needing more falls back to the full headers, and that a real kernel's device
+code (PTX) is the same whichever headers its .cu compiled with."""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+import shutil
+import subprocess
+import sys
+import sysconfig
+from pathlib import Path
+
+import pytest
+from dicepipe.harness.build import preludes
+
+CU = """#include <torch/types.h>
+#include <cuda.h>
+#include <cuda_runtime.h>
+#include <torch/extension.h>
+__global__ void k(const float* x, float* y, int n) { int i = threadIdx.x; if (i < n) y[i] = x[i]; }
+torch::Tensor copy(torch::Tensor x) {
+  auto y = torch::empty_like(x);
+  AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "copy", [&] {});
+  return at::matmul(y, y);
+}
+"""
+
+
+def test_prelude_names_the_operators_the_source_uses(tmp_path):
+    text = preludes.prelude_text(CU, binding=False)
+    assert "#include <ATen/core/Tensor.h>" in text
+    for op in ("empty_like", "matmul"):
+        assert f"#include <ATen/ops/{op}.h>" in text
+    assert "#include <ATen/Dispatch.h>" in text
+    assert "pybind" not in text  # only main.cpp's prelude binds
+    assert "constexpr auto kFloat32 = at::kFloat;" in text
+    binding = preludes.prelude_text("torch::Tensor f(torch::Tensor x);", binding=True)
+    assert all(f"#include <{h}>" in binding for h in preludes.BINDING_HEADERS)
+    assert "ATen/ops/" not in binding and "Dispatch" not in binding
+
+
+def test_minimal_source_keeps_lines_and_skips_what_it_would_change(tmp_path):
+    out = preludes.minimal_source(CU, tmp_path, binding=False)
+    assert out is not None and out.count("\n") == CU.count("\n")
+    assert "<torch/" not in out
+    header = preludes.prelude_path(out)
+    assert header is not None and header.is_file() and header.parent == (tmp_path / "preludes").resolve()
+    assert out.count(f'#include "{header}"') == 2  # both torch includes, one header (pragma once)
+    # a source naming what only torch/all.h declares skips the tier (it could only fail)
+    assert preludes.minimal_source(CU + "// torch::nn::functional::relu\n", tmp_path, False) is None
+    # the same source, the same header file: named by content
+    assert preludes.minimal_source(CU, tmp_path, binding=False) == out
+    assert preludes.minimal_source(CU.replace("<torch/types.h>", "<ATen/ATen.h>").replace(
+        "#include <torch/extension.h>\n", ""), tmp_path, binding=False) is None  # no torch include
+    assert preludes.minimal_source(CU + "// x.requires_grad_(true)\n", tmp_path, False) is None
+
+
+def _torch_flags() -> list[str]:
+    from torch.utils import cpp_extension
+
+    flags = ["-std=c++17", "-DTORCH_API_INCLUDE_EXTENSION_H"]
+    for path in cpp_extension.include_paths() + [sysconfig.get_paths()["include"]]:
+        flags += ["-isystem", path]
+    return flags
+
+
+def _closure(text: str, tmp_path: Path) -> set[str]:
+    unit = tmp_path / f"u{abs(hash(text))}.cpp"
+    unit.write_text(text)
+    out = subprocess.run(["c++", *_torch_flags(), "-M", str(unit)], capture_output=True,
+                         text=True, check=True).stdout
+    return {p for p in out.replace("\\\n", " ").split()[1:] if p.endswith(".h") or "/" in p}
+
+
+@pytest.mark.skipif(shutil.which("c++") is None, reason="needs a C++ compiler")
+def test_binding_prelude_declares_every_caster_the_full_header_does(tmp_path):
+    """A type caster main.cpp's prelude lacked would compile and fail only when called
+    (pybind11 takes the type for an unregistered class): every header of <torch/extension.h>'s
+    closure that specializes one must be in the prelude's closure too."""
+    full = _closure("#include <torch/extension.h>\n", tmp_path)
+    header = preludes.write_prelude(preludes.prelude_text("", binding=True), tmp_path)
+    light = _closure(f'#include "{header}"\n', tmp_path)
+    caster = re.compile(r"\btype_caster<|PYBIND11_DECLARE_HOLDER_TYPE|polymorphic_type_hook<")
+    declaring = {p for p in full if caster.search(Path(p).read_text(errors="replace"))}
+    assert any("pybind.h" in p for p in declaring)  # the scan sees torch's casters at all
+    assert declaring <= light, sorted(declaring - light)
+    assert len(light) < len(full) / 2  # and it is a much smaller parse
+
+
+def _load(path: Path, name: str):
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.skipif(shutil.which("c++") is None, reason="needs a C++ compiler")
+def test_cpu_extension_builds_minimal_and_falls_back_when_it_needs_more(tmp_path):
+    import torch
+    from dicepipe.harness.build.builder import build_spec
+    from dicepipe.harness.build.buildspec import normalize_spec, so_path
+
+    def spec(body: str) -> dict:
+        return normalize_spec({"name": "m", "cpp_sources": [body], "functions": ["twice"]})
+
+    light = spec("torch::Tensor twice(torch::Tensor x) {\n"
+                 "  auto y = torch::empty_like(x);\n  y.copy_(x * 2);\n  return y;\n}\n")
+    # at::parallel_for (ATen/Parallel.h) is in the full headers only: the minimal compile
+    # fails, the one as written runs
+    heavy = spec("torch::Tensor twice(torch::Tensor x) {\n"
+                 "  auto y = torch::empty_like(x);\n"
+                 "  float* o = y.data_ptr<float>(); const float* i = x.data_ptr<float>();\n"
+                 "  at::parallel_for(0, x.numel(), 1, [&](int64_t b, int64_t e) {\n"
+                 "    for (int64_t k = b; k < e; ++k) o[k] = 2 * i[k]; });\n"
+                 "  return y;\n}\n")
+    cache = tmp_path / "cache"
+    x = torch.arange(6, dtype=torch.float32)
+    notes = []
+    for k, s in enumerate((light, heavy)):
+        key = f"{k}" * 64
+        status = build_spec(s, key, cache, use_pch=False, minimal_headers=True)
+        assert status["ok"], status["log_tail"]
+        notes.append(status["pch"])
+        module = _load(so_path(cache, key), f"dp_{key[:24]}")
+        assert torch.equal(module.twice(x), x * 2)
+    assert "host:minimal-headers" in notes[0] and "full-headers" not in notes[0]
+    assert "host:full-headers" in notes[1]
+    hosts = [s for s in build_spec(heavy, "1" * 64, cache, False)["steps"] if s["step"] == "host"]
+    assert [s["ok"] for s in hosts] == [False, True]  # the minimal try, then as written
+
+
+def _ptx(source: str, folder: Path) -> str:
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "cuda.cu").write_text(source)
+    # the one generated c10/cuda header a CPU wheel of torch lacks (as the GPU wheel has it)
+    macros = folder / "inc" / "c10" / "cuda" / "impl" / "cuda_cmake_macros.h"
+    macros.parent.mkdir(parents=True, exist_ok=True)
+    macros.write_text("#pragma once\n#define C10_CUDA_BUILD_SHARED_LIBS\n")
+    done = subprocess.run(["nvcc", "-std=c++17", "-O3", "-arch=sm_90", "--ptx", *_torch_flags(),
+                           "-I", str(folder / "inc"),
+                    "cuda.cu", "-o", "cuda.ptx"], cwd=folder, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return (folder / "cuda.ptx").read_text()
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc")
+def test_real_kernel_device_code_is_the_same_with_minimal_headers(tmp_path):
+    """The augment templates' attention kernel (its own c10/cuda includes kept), compiled to
+    PTX with load_inline's headers and with its minimal prelude: the same device code."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "workflow"))
+    import yaml
+    from dicepipe.augment.authors.templates import TemplateAuthor
+    from dicepipe.augment.tasks import generate_tasks
+
+    params = yaml.safe_load((Path(__file__).resolve().parents[1] / "params.yaml").read_text())
+    task = generate_tasks(dict(params["augment"], max_tasks={}), "cuda")[0]
+    code = TemplateAuthor().write(task, 0).code
+    cuda = re.search(r"r'''\n(.*?)'''", code, re.S).group(1)
+    written = "#include <torch/types.h>\n#include <cuda.h>\n#include <cuda_runtime.h>\n" + cuda
+    minimal = preludes.minimal_source(written, tmp_path / "cache", binding=False)
+    assert minimal is not None
+    full, light = _ptx(written, tmp_path / "full"), _ptx(minimal, tmp_path / "minimal")
+    assert ".entry" in full
+    def normal(ptx: str) -> str:
+        ptx = re.sub(r"^//.*$", "", ptx, flags=re.M)  # nvcc's header comments (tool versions)
+        # internal-linkage names carry a hash of the translation unit's text
+        return re.sub(r"(_INTERNAL_|_GLOBAL__N__)[0-9a-f]{8}_", r"\1", ptx)
+
+    assert normal(full) == normal(light)
