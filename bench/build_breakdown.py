@@ -386,15 +386,17 @@ def main() -> None:
         print(f"{len(items)} candidates, {len(specs)} distinct cuda builds "
               f"(extracted in {time.monotonic() - t0:.1f} s); arch {args.arch}, "
               f"{args.workers} builders, {args.slots} slots", flush=True)
-        results = [run_variant(v, specs, args, work) for v in args.variants]
-    report = markdown(results, args)
+        results = []
+        for variant in args.variants:  # written after each: a cut-off run keeps what is done
+            results.append(run_variant(variant, specs, args, work))
+            report = markdown(results, args)
+            if args.out:
+                args.out.mkdir(parents=True, exist_ok=True)
+                (args.out / "build_breakdown.json").write_text(json.dumps(
+                    {"args": {k: str(v) for k, v in vars(args).items()},
+                     "cpu_count": os.cpu_count(), "results": results}, indent=1))
+                (args.out / "build_breakdown.md").write_text(report + "\n")
     print(report)
-    if args.out:
-        args.out.mkdir(parents=True, exist_ok=True)
-        (args.out / "build_breakdown.json").write_text(json.dumps(
-            {"args": {k: str(v) for k, v in vars(args).items()}, "cpu_count": os.cpu_count(),
-             "results": results}, indent=1))
-        (args.out / "build_breakdown.md").write_text(report + "\n")
 
 
 if __name__ == "__main__":
