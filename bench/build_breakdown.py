@@ -74,8 +74,10 @@ VARIANTS = {
 # ------------------------------------------------------------------ corpus and specs
 
 def template_corpus(count: int) -> list[dict]:
-    """Up to `count` distinct kernels of the augment templates author (the RL step bench's
-    kernels): the CUDA sources a scripted author writes for the shipped tasks."""
+    """`count` kernels of the augment templates author, the RL step bench's kernels: the
+    CUDA sources a scripted author writes for the shipped tasks, cycling over the distinct
+    ones, each made a build of its own by a comment after its first include (as rollouts of
+    one task differ: the same operators, another text)."""
     import yaml
 
     from dicepipe.augment.authors.templates import TemplateAuthor
@@ -84,12 +86,18 @@ def template_corpus(count: int) -> list[dict]:
     params = yaml.safe_load((ROOT / "params.yaml").read_text())
     tasks = generate_tasks(dict(params["augment"], max_tasks={}), "cuda")
     author = TemplateAuthor()
-    items, codes = [], set()
+    distinct, codes = [], set()
     for task in tasks:
         code = author.write(task, 0).code
-        if code not in codes and len(items) < count:
+        if code not in codes:
             codes.add(code)
-            items.append({"name": task.task_id, "code": code, "ref": task.reference_code})
+            distinct.append((task, code))
+    items = []
+    for k in range(count):
+        task, code = distinct[k % len(distinct)]
+        code = code.replace("#include <torch/extension.h>",
+                            f"#include <torch/extension.h>\n// build {k}", 1)
+        items.append({"name": f"{task.task_id}#{k}", "code": code, "ref": task.reference_code})
     return items
 
 

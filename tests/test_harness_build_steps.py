@@ -358,6 +358,27 @@ def test_main_cpp_takes_its_slot_before_its_cuda_unit(tmp_path, monkeypatch):
     assert _running("sleep 30.5") == []
 
 
+@pytest.mark.parametrize("host_fails", [True, False])
+def test_the_cuda_unit_waits_for_main_cpp_even_with_free_slots(tmp_path, monkeypatch,
+                                                               host_fails):
+    """Four free slots: nvcc still starts only once main.cpp is done, so a main.cpp that
+    fails costs no nvcc work; one that compiles is followed by the cuda unit."""
+    monkeypatch.setenv(compile_steps.SLOTS_ENV, "4")
+    ninja = HOST_FIRST_NINJA if host_fails else HOST_FIRST_NINJA.replace(
+        " && echo 'main.cpp: error: undeclared name' >&2 && exit 1", "").replace(
+        " && sleep 30.5", "")
+    (tmp_path / "build.ninja").write_text(ninja)
+    if host_fails:
+        with pytest.raises(compile_steps.StepError, match="undeclared name"):
+            compile_steps.run_steps(tmp_path / "build.ninja", tmp_path / "cache")
+        assert (tmp_path / "order").read_text().split() == ["host"]
+        assert _running("sleep 30.5") == []
+    else:
+        compile_steps.run_steps(tmp_path / "build.ninja", tmp_path / "cache")
+        assert (tmp_path / "order").read_text().split() == ["host", "cuda"]
+        assert (tmp_path / "m.so").exists()
+
+
 def test_a_host_unit_waiting_for_another_builders_lock_lets_cuda_go(tmp_path, monkeypatch):
     """main.cpp waiting for a lock another builder holds (a precompiled header being made)
     holds nothing back: the cuda unit takes the slot meanwhile, and the build succeeds."""

@@ -7,10 +7,11 @@ file would run (same flags, same order of arguments) and runs them itself:
   first unit that fails stops its siblings (a queued one never starts, a running compiler
   and its children are killed), so a file whose bindings do not compile frees its CPU slots
   in the seconds main.cpp takes, not the minute nvcc would;
-- main.cpp goes first: a build's cuda unit takes no CPU slot while its host unit still
-  waits for one, so when slots are scarce a failing main.cpp is not queued behind its own
-  nvcc. A host unit that must wait for another builder's lock (a precompiled header being
-  made) lets the cuda unit go ahead meanwhile;
+- main.cpp goes first: a build's cuda unit takes no CPU slot until its host unit is done,
+  so a main.cpp that does not compile (a binding of an undeclared function: the commonest
+  failure of released kernels) costs its own seconds, not nvcc's as well; main.cpp takes a
+  few seconds against its minimal prelude. A host unit that must wait for another builder's
+  lock (a precompiled header being made) lets the cuda unit go ahead meanwhile;
 - every compiler process first takes one of the machine's CPU slots (a lock file among
   `slots` in the cache, shared by every builder process), so there are never more compilers
   than cores however many builds are in flight, and a build waiting for a precompiled header
@@ -61,10 +62,10 @@ def _cancelled() -> bool:
 
 
 class HostFirst:
-    """How many host units (rule `compile`: main.cpp) of one build are still in line for a
-    CPU slot; the build's other units take none while any is (see the module docstring).
-    A host unit leaves the line once: when it takes a slot, when it has to wait for another
-    builder's lock, or when its step ends, whichever comes first."""
+    """How many host units (rule `compile`: main.cpp) of one build are not done yet; the
+    build's other units take no CPU slot while any is (see the module docstring). A host
+    unit leaves the line once: when its step ends, or when it has to wait for another
+    builder's lock, whichever comes first."""
 
     def __init__(self, in_line: int):
         self._in_line = in_line
@@ -264,7 +265,6 @@ def cpu_slot(cache: Path):
             except BlockingIOError:
                 handle.close()
                 continue
-            _host_leaves_line()
             with _wait_lock:
                 _wait_state["held"] += 1
                 if _wait_state["held"] == 1 and _wait_state["hook"] is not None:

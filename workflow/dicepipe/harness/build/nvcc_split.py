@@ -45,7 +45,7 @@ from .compile_steps import (
     run_measured,
     wait_for_lock,
 )
-from .preludes import MISSING_DECLARATION, NEEDS_ALL, minimal_source
+from .preludes import NEEDS_ALL, minimal_source, only_missing_declarations
 
 
 def placeholder(module_id: str) -> str:
@@ -168,7 +168,7 @@ def compile_cuda(step: dict, folder: Path, cache: Path, log: list[str],
             except StepError as exc:
                 # an error that is no missing declaration is the source's own: a lighter
                 # tier cannot help, so it goes straight to its headers as written
-                last = k + 1 == len(tiers) or not MISSING_DECLARATION.search(str(exc))
+                last = k + 1 == len(tiers) or not only_missing_declarations(str(exc))
                 then = "as written" if last else f"with {tiers[k + 1][0]}"
                 log.append(f"compiling with {label} failed; compiling {then}: {exc}")
                 shutil.rmtree(folder / "nvcc", ignore_errors=True)  # module id, intermediates

@@ -61,13 +61,25 @@ _SKIP = re.compile(r"requires_grad")
 # tiers, which could only fail
 NEEDS_ALL = re.compile(r"\btorch::(?:nn|optim|data|jit|serialize|python|cuda|indexing)\b")
 # compiler messages of a declaration the lighter headers lack (EDG's and gcc's wording); a
-# lighter tier failing with none of them fails for the source's own reasons, and the next
-# lighter tier would too, so the unit goes straight to its headers as written
+# lighter tier failing with any other error (a syntax error, an ambiguity) fails for the
+# source's own reasons, which more headers do not mend, so the unit goes straight to its
+# headers as written (only_missing_declarations)
 MISSING_DECLARATION = re.compile(
     r"is undefined|has no member|no instance of|no operator|incomplete type|"
     r"must be a class or namespace|not a class or struct|is not a template|was not declared|"
     r"is not a member|does not name a (?:type|template)|no matching function|no suitable|"
     r"explicit type is missing|has not been declared|no match for")
+
+
+_ERROR_LINE = re.compile(r"^.*\berror\b[^:\n]*:.*$", re.M | re.I)
+
+
+def only_missing_declarations(message: str) -> bool:
+    """Every error line of a failed compile names a declaration the headers lacked."""
+    errors = [line for line in _ERROR_LINE.findall(message)
+              if "errors detected" not in line and "error detected" not in line
+              and not line.startswith("command failed")]
+    return bool(errors) and all(MISSING_DECLARATION.search(line) for line in errors)
 
 
 @lru_cache(maxsize=4)
