@@ -16,6 +16,7 @@ builder making it waits for it rather than parse torch's headers itself.
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import inspect
 import json
@@ -270,8 +271,9 @@ def _ensure_prelude_pch(header: Path | None, ninja_file: Path, cache: Path) -> s
     uses the first file in it made with matching options: one file a flag set, so builds
     with other flags share the folder. It is made the second time a (prelude, flags) pair is
     used: the first build compiles plainly, so a prelude used once costs no header. A build
-    that finds another builder making it waits (holding no CPU slot); a failed one is not
-    tried again and the unit compiles plainly."""
+    that finds another builder making it compiles plainly too (main.cpp against its prelude
+    takes seconds: waiting would idle the build, and its cuda unit waits for main.cpp); a
+    failed one is not tried again."""
     if header is None or not header.is_file():
         return ""
     cflags = _ninja_variable(ninja_file, "cflags")
@@ -291,7 +293,10 @@ def _ensure_prelude_pch(header: Path | None, ninja_file: Path, cache: Path) -> s
         return "prelude-pch:first-seen"
     folder.mkdir(exist_ok=True)
     with open(header.with_name(f"{header.name}.{digest}.lock"), "w") as lock:
-        wait_for_lock(lock)
+        try:  # another builder making it: compile plainly rather than wait (a few seconds
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)  # more, no idle build)
+        except BlockingIOError:
+            return "prelude-pch:busy"
         if target.is_file():
             return "prelude-pch:hit"
         if failed.is_file():

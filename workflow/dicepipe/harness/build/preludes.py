@@ -11,9 +11,11 @@ takes 18.6 s with `<torch/extension.h>` (no precompiled header), 5.7 s with its 
 The minimal prelude of a unit is, in one header written into the build cache:
 
 - `ATen/core/Tensor.h` (the Tensor class, its methods, ScalarType, TORCH_CHECK);
-- `ATen/ops/<name>.h` for every word of the unit that names an ATen operator (all overloads
-  of that name: `empty_like`, `zeros`, `matmul`, ...), so no overload the full headers would
-  offer for a name the source uses is missing;
+- `ATen/ops/<name>.h` for every name the unit calls as a free function (`torch::empty(`,
+  `at::matmul(`, `cat(`; comments and member calls `x.view(` left out) that names an ATen
+  operator: all overloads of that name, so no overload the full headers would offer for a
+  call the source makes is missing (a name used another way, say `&at::relu`, fails to
+  compile here and the unit compiles with the next tier);
 - `ATen/TensorOperators.h` (tensor arithmetic: `x * 2`), read in per-operator mode so that
   it pulls in `empty_like` rather than every operator;
 - `ATen/Dispatch.h` where the source uses an `AT_DISPATCH` macro;
@@ -54,7 +56,10 @@ BINDING_HEADERS = ("torch/csrc/utils/pybind.h", "torch/csrc/Exceptions.h")
 # `#include <torch/extension.h>` or `<torch/types.h>` on a line of its own
 _TORCH_INCLUDE = re.compile(
     r"^[ \t]*#[ \t]*include[ \t]*<torch/(?:extension|types)\.h>[ \t]*(?://[^\n]*)?$", re.M)
-_WORD = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+# a name called as a free function (`torch::empty(`, `at::matmul (`, `cat(`), not as a member
+# (`x.view(`: the Tensor class declares its methods) nor a word of a comment
+_CALLED = re.compile(r"(?<![.>\w])([A-Za-z_][A-Za-z0-9_]*)\s*(?:<[^<>;(){}]*>\s*)?\(")
+_COMMENT = re.compile(r"//[^\n]*|/\*.*?\*/", re.S)
 # sources where ATen's factories and torch's would differ: leave them to the next tier
 _SKIP = re.compile(r"requires_grad")
 # what only torch/all.h (torch/extension.h) declares: a source naming it skips both lighter
@@ -102,7 +107,7 @@ def prelude_text(source: str, binding: bool, include_dir: str | None = None) -> 
     """The minimal prelude for a unit whose text is `source`."""
     include_dir = include_dir or torch_include_dir()
     ops = _op_names(include_dir)
-    named = sorted({w for w in _WORD.findall(source) if w in ops})
+    named = sorted({w for w in _CALLED.findall(_COMMENT.sub(" ", source)) if w in ops})
     lines = ["#pragma once", "// dicepipe: minimal torch headers (harness/build/preludes.py)",
              "#include <ATen/core/Tensor.h>"]
     lines += [f"#include <ATen/ops/{name}.h>" for name in named]
