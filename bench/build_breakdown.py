@@ -8,6 +8,8 @@ precompiled host headers) into a fresh cache, `--workers` builder processes at a
 `--slots` CPU slots. Each build's status carries one record per compiler run (`steps`:
 wall and CPU seconds of the whole process tree, from wait4); the report sums them per phase:
 
+  host:probe        main.cpp up to its bindings, -fsyntax-only: a bound name nothing
+                    declares fails the build here (preludes' binding probe)
   host              main.cpp: torch/extension.h (precompiled) + the bindings (pybind11)
   cuda:dryrun       nvcc --dryrun (the phase commands)
   cuda:preprocess   the host compiler's -E passes of cuda.cu (device and host side)
@@ -22,8 +24,8 @@ same call, in the order given (the first is the baseline of the ratios):
 
   baseline          the build as the harness does it (use_pch and cuda_light_headers on)
   no-light-headers  cuda.cu compiled as written (what cuda_light_headers saves, measured)
-  no-minimal-headers  no minimal-header tier (harness.run.minimal_headers off): the harness
-                    of session 13, the "before" of the minimal headers
+  no-minimal-headers  no minimal-header tier and no binding probe (harness.run.minimal_headers
+                    off): the harness of session 13, the "before" of both
 
 Each variant's summary also counts the header tier each build compiled with (`tiers`): the
 cuda unit's (minimal-headers, light-headers, full-headers) and main.cpp's.
@@ -59,7 +61,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "workflow"))
 
-PHASES = ("host", "cuda:dryrun", "cuda:preprocess", "cuda:cudafe", "cuda:cicc", "cuda:ptxas",
+PHASES = ("host:probe", "host", "cuda:dryrun", "cuda:preprocess", "cuda:cudafe", "cuda:cicc", "cuda:ptxas",
           "cuda:fatbinary", "cuda:host-compile", "link", "pch:host", "pch:cuda-host")
 PCH_STEPS = ("pch:host", "pch:cuda-host")
 
@@ -67,7 +69,8 @@ PCH_STEPS = ("pch:host", "pch:cuda-host")
 VARIANTS = {
     "baseline": "the harness as configured (use_pch, cuda_light_headers from params.yaml)",
     "no-light-headers": "cuda.cu compiled as written (cuda_light_headers off)",
-    "no-minimal-headers": "no minimal-header tier (minimal_headers off): the harness before it",
+    "no-minimal-headers": "no minimal-header tier, no binding probe (minimal_headers off): "
+                          "the harness before them",
 }
 
 
@@ -358,7 +361,20 @@ def markdown(results: list[dict], args) -> str:
             b, c = base["build_cpu_s"]["median"], s["build_cpu_s"]["median"]
             lines.append(f"| {res['variant']} | {s['builds_per_min']} | {r1:.2f}x | {c} | "
                          f"{(c / b if b else 0):.2f}x |")
+        lines.append("")
+        for res in results[1:]:
+            lines.append(verdicts(results[0], res))
     return "\n".join(lines)
+
+
+def verdicts(base: dict, other: dict) -> str:
+    """Whether two variants agree, build by build, on which kernels build."""
+    ok = {r["key"]: r["ok"] for r in base["builds"]}
+    common = [r for r in other["builds"] if r["key"] in ok]
+    differ = [f"{r['kernel']} ({base['variant']} {ok[r['key']]}, {other['variant']} {r['ok']})"
+              for r in common if r["ok"] != ok[r["key"]]]
+    return (f"Verdicts, {other['variant']} against {base['variant']}: {len(common)} builds in "
+            f"both, {len(differ)} differ" + (": " + "; ".join(differ) if differ else "") + ".")
 
 
 def main() -> None:

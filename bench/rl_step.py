@@ -17,7 +17,8 @@ Reference figures measured in the same run: the Decoder's own tokens/s on one ch
 (warm, no weight sync, nothing beside it), and the harness session's rate on `--kernels` fresh
 kernels alone (no decoding beside it; `--alone 0` skips it).
 
-    PYTHONPATH=workflow python3 bench/rl_step.py --out $OUT --alone 0  # GPU, ~8 minutes (H200: a 415 s step)
+    PYTHONPATH=workflow python3 bench/rl_step.py --out $OUT --alone 0  # GPU, ~6 minutes (H200: a 295 s step)
+    PYTHONPATH=workflow python3 bench/rl_step.py --out $OUT --harness-alone  # the harness alone, cold
     PYTHONPATH=workflow python3 bench/rl_step.py --shape tiny --backend cpu --tasks 2 \\
         --group 2 --new-tokens 16 --kernels 2 --out /tmp/rl_step      # CPU smoke (~1 min)
 """
@@ -144,11 +145,16 @@ def main() -> int:
     parser.add_argument("--scoring", choices=("stream", "per-call"), default="stream")
     parser.add_argument("--alone", type=int, default=-1,
                         help="fresh kernels for the session's own rate (-1: --kernels; 0: skip)")
+    parser.add_argument("--harness-alone", action="store_true",
+                        help="no model and no step: the harness session alone, cold, on the "
+                             "step's scoring work (tasks x group jobs over --kernels files)")
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     params, s = settings_for(args)
+    if args.harness_alone:
+        return harness_alone(args, params, out)
     env = init_distributed("cuda" if args.backend == "cuda" else "cpu")
     shape = SHAPES["1.7b"] if args.shape == "1.7b" else TINY
     vocab = 151936 if args.shape == "1.7b" else 512
@@ -225,6 +231,33 @@ def main() -> int:
     if args.backend == "cuda":
         report["peak_gpu_memory_gib"] = torch.cuda.max_memory_allocated() / 2**30
     _write(out, report)
+    print(json.dumps(report, indent=2, sort_keys=True))
+    return 0
+
+
+def harness_alone(args, params: dict, out: Path) -> int:
+    """What the step's scoring is held against: the same work (tasks x group jobs, the
+    step's --kernels distinct files in turn, so copies as in the step) in one call of a
+    fresh session with nothing beside it, from a cold build cache if the machine's is."""
+    nonce = uuid.uuid4().hex[:8]
+    pairs = kernel_files(params, args.backend, args.kernels, nonce)
+    rows = args.tasks * args.group
+    harness = HarnessSettings.from_params(params["harness"])
+    t_start = time.perf_counter()
+    with HarnessSession(harness) as session:
+        started_s = time.perf_counter() - t_start
+        t0 = time.perf_counter()
+        table = session.evaluate([Job(f"alone-{i}", *pairs[i % len(pairs)], args.backend)
+                                  for i in range(rows)], progress=False, measure_speed=False)
+        wall = time.perf_counter() - t0
+    compiled = sum(bool(v) for v in table.column("compiled").to_pylist())
+    correct = sum(bool(v) for v in table.column("correct").to_pylist())
+    report = {"mode": "harness-alone", "jobs": rows, "kernels": args.kernels,
+              "cpu_count": os.cpu_count(), "build_workers": harness.num_build_workers(),
+              "session_start_s": started_s, "score_s": wall, "compiled": compiled,
+              "correct": correct, "kernels_per_s": args.kernels / wall,
+              "builds_per_min": 60 * args.kernels / wall}
+    (out / "harness_alone.json").write_text(json.dumps(report, indent=2, sort_keys=True) + "\n")
     print(json.dumps(report, indent=2, sort_keys=True))
     return 0
 

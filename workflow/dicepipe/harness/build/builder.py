@@ -40,7 +40,8 @@ from .compile_steps import (
     wait_for_lock,
 )
 from .nvcc_split import compile_cuda
-from .preludes import minimal_source, prelude_path
+from .preludes import (binding_probe, minimal_source, prelude_path, undeclared_in_probe,
+                       unspelled_bindings)
 
 LOG_LIMIT = 6000
 
@@ -169,6 +170,10 @@ def _run_build(spec: dict, name: str, sources: list[str], folder: Path, with_cud
             if source is not None and not source.is_absolute():
                 source = folder / source
             text = source.read_text() if source is not None and source.is_file() else ""
+            probe = unspelled_bindings(text) if text else None
+            if probe is not None:
+                _probe_bindings(step, source, text, *probe, before_compile, ninja_file, folder,
+                                cache, log)
             minimal = minimal_source(text, cache, binding=True) if text else None
             if minimal is not None:
                 header = ""
@@ -198,6 +203,65 @@ def _run_build(spec: dict, name: str, sources: list[str], folder: Path, with_cud
         return {"ok": False, "log_tail": "the build produced no module file",
                 "pch": ",".join(notes)}
     return {"ok": True, "log_tail": "", "pch": ",".join(sorted(notes))}
+
+
+def _probe_bindings(step: dict, source: Path, text: str, prefix: str, names: list[str],
+                    before_compile, ninja_file: Path, folder: Path, cache: Path,
+                    log: list[str]) -> None:
+    """Fail the build now when main.cpp binds a name nothing declares (preludes' binding
+    probe), in two checks, each run on main.cpp as written up to its binding block with the
+    unit's own compiler and flags:
+
+    1. preprocessed (-E -dD, about a second): a name that is no token of the result (macro
+       definitions included) is declared nowhere before the block: the unit fails;
+    2. for the names left (`forward` is a token of the standard headers), one use of each
+       after the text, -fsyntax-only against the precompiled header: a name gcc calls
+       undeclared there is undeclared in the block: the unit fails.
+
+    Anything else (a check that cannot run, a name found) and main.cpp compiles as before."""
+    cxx, cflags, post = (_ninja_variable(ninja_file, v) for v in ("cxx", "cflags", "post_cflags"))
+    preprocessed = folder / "main.probe.ii"
+    try:
+        source.write_text(prefix)
+        with recoverable():
+            run_command(f"{cxx or 'c++'} {cflags} -E -dD {shlex.quote(str(source))} -o "
+                        f"{shlex.quote(str(preprocessed))} {post}", folder, cache, log,
+                        step="host:probe")
+        tokens = preprocessed.read_text(errors="replace")
+    except (StepError, OSError):
+        return
+    finally:
+        source.write_text(text)
+        preprocessed.unlink(missing_ok=True)
+    absent = [n for n in names if not n.startswith("__")
+              and not re.search(rf"(?<![\w$]){re.escape(n)}(?![\w$])", tokens)]
+    if absent:
+        raise StepError(_unbound_message(absent, "; ".join(
+            f"main.cpp: error: '{n}' was not declared in this scope" for n in absent)
+            + " (no token of main.cpp before its bindings, its headers included, is "
+              f"{', '.join(absent)})"))
+    before_compile(step)  # the full precompiled header: the check costs its loading
+    source.write_text(binding_probe(prefix, names))
+    output = ""
+    try:
+        with recoverable():  # the probe's own failure decides nothing by itself
+            output = run_command(step["command"] + " -fsyntax-only", folder, cache, log,
+                                 step="host:probe")
+    except StepError as exc:
+        output = str(exc)
+    finally:
+        source.write_text(text)
+    undeclared = undeclared_in_probe(output, names)
+    if undeclared:
+        raise StepError(_unbound_message(undeclared, "\n".join(
+            line for line in output.splitlines() if "error" in line)))
+
+
+def _unbound_message(names: list[str], errors: str) -> str:
+    return (f"main.cpp binds {', '.join(names)}, which neither its cpp_sources nor the headers "
+            "it includes declare (load_inline's `functions` name functions that cpp_sources "
+            "must declare; a definition in cuda_sources is not seen by main.cpp). Checked on "
+            f"main.cpp as written up to its bindings:\n{errors}")
 
 
 def _tail(text: str) -> str:
