@@ -8,8 +8,8 @@ precompiled host headers) into a fresh cache, `--workers` builder processes at a
 `--slots` CPU slots. Each build's status carries one record per compiler run (`steps`:
 wall and CPU seconds of the whole process tree, from wait4); the report sums them per phase:
 
-  host:probe        main.cpp up to its bindings, -fsyntax-only: a bound name nothing
-                    declares fails the build here (preludes' binding probe)
+  host:check        main.cpp up to its bindings, preprocessed: a bound name nothing declares
+                    or a second module block fails the build here (preludes' binding check)
   host              main.cpp: torch/extension.h (precompiled) + the bindings (pybind11)
   cuda:dryrun       nvcc --dryrun (the phase commands)
   cuda:preprocess   the host compiler's -E passes of cuda.cu (device and host side)
@@ -24,7 +24,7 @@ same call, in the order given (the first is the baseline of the ratios):
 
   baseline          the build as the harness does it (use_pch and cuda_light_headers on)
   no-light-headers  cuda.cu compiled as written (what cuda_light_headers saves, measured)
-  no-minimal-headers  no minimal-header tier and no binding probe (harness.run.minimal_headers
+  no-minimal-headers  no minimal-header tier and no binding check (harness.run.minimal_headers
                     off): the harness of session 13, the "before" of both
 
 Each variant's summary also counts the header tier each build compiled with (`tiers`): the
@@ -61,7 +61,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "workflow"))
 
-PHASES = ("host:probe", "host", "cuda:dryrun", "cuda:preprocess", "cuda:cudafe", "cuda:cicc", "cuda:ptxas",
+PHASES = ("host:check", "host", "cuda:dryrun", "cuda:preprocess", "cuda:cudafe", "cuda:cicc", "cuda:ptxas",
           "cuda:fatbinary", "cuda:host-compile", "link", "pch:host", "pch:cuda-host")
 PCH_STEPS = ("pch:host", "pch:cuda-host")
 
@@ -69,7 +69,7 @@ PCH_STEPS = ("pch:host", "pch:cuda-host")
 VARIANTS = {
     "baseline": "the harness as configured (use_pch, cuda_light_headers from params.yaml)",
     "no-light-headers": "cuda.cu compiled as written (cuda_light_headers off)",
-    "no-minimal-headers": "no minimal-header tier, no binding probe (minimal_headers off): "
+    "no-minimal-headers": "no minimal-header tier, no binding check (minimal_headers off): "
                           "the harness before them",
 }
 

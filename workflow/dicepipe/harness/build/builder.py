@@ -40,8 +40,8 @@ from .compile_steps import (
     wait_for_lock,
 )
 from .nvcc_split import compile_cuda
-from .preludes import (binding_probe, minimal_source, prelude_path, undeclared_in_probe,
-                       unspelled_bindings)
+from .preludes import (binding_block, binding_suspects, has_token, minimal_source,
+                       prelude_path)
 
 LOG_LIMIT = 6000
 
@@ -165,16 +165,16 @@ def _run_build(spec: dict, name: str, sources: list[str], folder: Path, with_cud
             return _ensure_pch(ninja_file, pch_dir, cache)
 
         def host_compile(step: dict, log: list[str]) -> str | None:
-            """main.cpp against its minimal prelude first (see preludes), then as written."""
+            """main.cpp's bindings checked (see preludes), then main.cpp against its minimal
+            prelude, then as written."""
             source = Path(step["in"][0]) if step["in"] else None
             if source is not None and not source.is_absolute():
                 source = folder / source
             text = source.read_text() if source is not None and source.is_file() else ""
-            probe = unspelled_bindings(text) if text else None
-            if probe is not None:
-                _probe_bindings(step, source, text, *probe, before_compile, ninja_file, folder,
-                                cache, log)
-            minimal = minimal_source(text, cache, binding=True) if text else None
+            full_only = bool(text) and _check_bindings(step, source, text, ninja_file, folder,
+                                                       cache, log)
+            minimal = minimal_source(text, cache, binding=True) if text and not full_only \
+                else None
             if minimal is not None:
                 header = ""
                 if pch_dir is not None:
@@ -190,7 +190,8 @@ def _run_build(spec: dict, name: str, sources: list[str], folder: Path, with_cud
                     source.write_text(text)
             note = before_compile(step)
             run_command(step["command"], folder, cache, log, step="host")
-            return ",".join(n for n in (note, "host:full-headers" if minimal else None) if n)
+            full = "host:full-headers" if minimal or full_only else None
+            return ",".join(n for n in (note, full) if n)
 
         def cuda_compile(step: dict, log: list[str]) -> str:
             return compile_cuda(step, folder, cache, log, light_headers, minimal_headers)
@@ -205,63 +206,50 @@ def _run_build(spec: dict, name: str, sources: list[str], folder: Path, with_cud
     return {"ok": True, "log_tail": "", "pch": ",".join(sorted(notes))}
 
 
-def _probe_bindings(step: dict, source: Path, text: str, prefix: str, names: list[str],
-                    before_compile, ninja_file: Path, folder: Path, cache: Path,
-                    log: list[str]) -> None:
-    """Fail the build now when main.cpp binds a name nothing declares (preludes' binding
-    probe), in two checks, each run on main.cpp as written up to its binding block with the
-    unit's own compiler and flags:
-
-    1. preprocessed (-E -dD, about a second): a name that is no token of the result (macro
-       definitions included) is declared nowhere before the block: the unit fails;
-    2. for the names left (`forward` is a token of the standard headers), one use of each
-       after the text, -fsyntax-only against the precompiled header: a name gcc calls
-       undeclared there is undeclared in the block: the unit fails.
-
-    Anything else (a check that cannot run, a name found) and main.cpp compiles as before."""
+def _check_bindings(step: dict, source: Path, text: str, ninja_file: Path, folder: Path,
+                    cache: Path, log: list[str]) -> bool:
+    """preludes' binding check on main.cpp: raises StepError where the unit as written fails
+    at its bindings; True where it should skip the minimal try (a bound name only the
+    headers spell). Anything undecided (no generated block, a preprocessing error) and
+    main.cpp compiles as before."""
+    block = binding_block(text)
+    if block is None:
+        return False
+    prefix, names = block
+    unspelled, own_module = binding_suspects(prefix, names)
+    if not unspelled and not own_module:
+        return False
     cxx, cflags, post = (_ninja_variable(ninja_file, v) for v in ("cxx", "cflags", "post_cflags"))
-    preprocessed = folder / "main.probe.ii"
+    preprocessed = folder / "main.check.ii"
     try:
         source.write_text(prefix)
         with recoverable():
             run_command(f"{cxx or 'c++'} {cflags} -E -dD {shlex.quote(str(source))} -o "
                         f"{shlex.quote(str(preprocessed))} {post}", folder, cache, log,
-                        step="host:probe")
+                        step="host:check")
         tokens = preprocessed.read_text(errors="replace")
     except (StepError, OSError):
-        return
+        return False
     finally:
         source.write_text(text)
         preprocessed.unlink(missing_ok=True)
-    absent = [n for n in names if not n.startswith("__")
-              and not re.search(rf"(?<![\w$]){re.escape(n)}(?![\w$])", tokens)]
+    module = re.search(r"-DTORCH_EXTENSION_NAME=(\S+)", f"{cflags} {post}")
+    if own_module and module and has_token(tokens, f"PyInit_{module.group(1)}"):
+        raise StepError(
+            "main.cpp defines its Python module twice: cpp_sources has its own "
+            "PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) block and load_inline writes another "
+            "for `functions` (give functions=None with an own block, or drop the block). "
+            "main.cpp: error: redefinition of "
+            f"'void pybind11_init_{module.group(1)}(pybind11::module_&)'")
+    absent = [n for n in unspelled if not has_token(tokens, n)]
     if absent:
-        raise StepError(_unbound_message(absent, "; ".join(
-            f"main.cpp: error: '{n}' was not declared in this scope" for n in absent)
-            + " (no token of main.cpp before its bindings, its headers included, is "
-              f"{', '.join(absent)})"))
-    before_compile(step)  # the full precompiled header: the check costs its loading
-    source.write_text(binding_probe(prefix, names))
-    output = ""
-    try:
-        with recoverable():  # the probe's own failure decides nothing by itself
-            output = run_command(step["command"] + " -fsyntax-only", folder, cache, log,
-                                 step="host:probe")
-    except StepError as exc:
-        output = str(exc)
-    finally:
-        source.write_text(text)
-    undeclared = undeclared_in_probe(output, names)
-    if undeclared:
-        raise StepError(_unbound_message(undeclared, "\n".join(
-            line for line in output.splitlines() if "error" in line)))
-
-
-def _unbound_message(names: list[str], errors: str) -> str:
-    return (f"main.cpp binds {', '.join(names)}, which neither its cpp_sources nor the headers "
-            "it includes declare (load_inline's `functions` name functions that cpp_sources "
-            "must declare; a definition in cuda_sources is not seen by main.cpp). Checked on "
-            f"main.cpp as written up to its bindings:\n{errors}")
+        raise StepError(
+            f"main.cpp binds {', '.join(absent)}, which neither its cpp_sources nor the "
+            "headers it includes declare (load_inline's `functions` name functions that "
+            "cpp_sources must declare; a definition in cuda_sources is not seen by main.cpp). "
+            + "; ".join(f"main.cpp: error: '{n}' was not declared in this scope"
+                        for n in absent))
+    return bool(unspelled)
 
 
 def _tail(text: str) -> str:

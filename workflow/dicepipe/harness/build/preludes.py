@@ -157,33 +157,32 @@ def write_prelude(text: str, cache: Path) -> Path:
     return path.resolve()
 
 
-# ------------------------------------------------------------------ the binding probe
+# ------------------------------------------------------------------ the binding check
 #
-# The most common way a generated extension fails to build: `load_inline(functions=[...])`
-# binds a name that its cpp_sources never declare (the function is defined in cuda_sources
-# only, which main.cpp does not see). main.cpp then fails at its binding, with any headers,
-# after parsing all of them. The probe finds it for the price of loading the precompiled
-# header: main.cpp up to its generated binding block (the same text, headers and flags),
-# followed by one use of each bound name the text before the block never spells, compiled
-# with -fsyntax-only. A name the probe reports undeclared is undeclared in the binding block
-# too (same scope: the block's function body at namespace scope, after the same text; the
-# block declares only pybind11's own names), so the unit as written fails: the build fails
-# there. Any other outcome and the unit compiles as before. Exact, not a heuristic: a name
-# declared by a header (a global function, a using-directive in the source) passes.
+# The two commonest ways a generated extension fails to build are in main.cpp's bindings:
+# `load_inline(functions=[...])` binds a name its cpp_sources never declare (the function is
+# defined in cuda_sources only, which main.cpp does not see), or cpp_sources brings its own
+# PYBIND11_MODULE beside the one load_inline writes for `functions` (the module is defined
+# twice). Either way main.cpp fails with any headers, after parsing all of them, and with the
+# minimal headers first it would be compiled twice. The check preprocesses main.cpp as
+# written up to its generated binding block (-E -dD: the same text, headers and flags; about
+# a second) and decides from the tokens, exactly: a bound name that is no token of the
+# result (macro definitions included) is declared nowhere before the block; a result that
+# defines the module's own init function (`PyInit_<name>`) meets a second definition in the
+# block. Both fail as written, so the build fails there. A bound name the headers spell
+# (`forward`: std::forward) sends main.cpp straight to its full headers: the minimal try
+# would fail for want of a declaration only they can hold.
 
 _BLOCK_START = "PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {"
 _BOUND = re.compile(r'^m\.def\("[^"\\\n]*", (?:torch::wrap_pybind_function\(([A-Za-z_]\w*)\)'
                     r'|([A-Za-z_]\w*)), "[^\n]*\);$')
 _WORD = re.compile(r"[A-Za-z_]\w*")
 _STRING = re.compile(r'"(?:[^"\\\n]|\\.)*"')
-# names the generated block itself declares or that name its parameter
-_BLOCK_NAMES = re.compile(r"^(?:m|pybind11_\w*|PyInit_\w*)$")
 
 
-def unspelled_bindings(text: str) -> tuple[str, list[str]] | None:
-    """(main.cpp's text before its generated binding block, the bound names that text never
-    spells outside comments and strings), or None where the source has no block that
-    load_inline generated or every bound name is spelled before it."""
+def binding_block(text: str) -> tuple[str, list[str]] | None:
+    """(main.cpp's text before the binding block load_inline generates, the names the block
+    binds), or None where the source has no such block."""
     start = text.rfind("\n" + _BLOCK_START + "\n")
     if start < 0:
         return None
@@ -196,21 +195,18 @@ def unspelled_bindings(text: str) -> tuple[str, list[str]] | None:
         if match is None:
             return None  # not the block load_inline writes
         names.append(match.group(1) or match.group(2))
-    prefix = text[:start + 1]
-    spelled = set(_WORD.findall(_STRING.sub(" ", _COMMENT.sub(" ", prefix))))
-    missing = sorted({n for n in names if n not in spelled and not _BLOCK_NAMES.match(n)})
-    return (prefix, missing) if missing else None
+    return text[:start + 1], names
 
 
-def binding_probe(prefix: str, names: list[str]) -> str:
-    """The probe unit: `prefix` and one use of each name, in a function at namespace scope
-    (as the binding block's uses are)."""
-    uses = "".join(f"static void dicepipe_binding_probe_{k}() {{ (void){name}; }}\n"
-                   for k, name in enumerate(names))
-    return prefix + uses
+def binding_suspects(prefix: str, names: list[str]) -> tuple[list[str], bool]:
+    """What the check looks at: the bound names the text before the block never spells
+    outside comments and strings (builtins, `__x`, left out), and whether that text names
+    PYBIND11_MODULE itself."""
+    code = _STRING.sub(" ", _COMMENT.sub(" ", prefix))
+    spelled = set(_WORD.findall(code))
+    unspelled = sorted({n for n in names if n not in spelled and not n.startswith("__")})
+    return unspelled, "PYBIND11_MODULE" in spelled
 
 
-def undeclared_in_probe(message: str, names: list[str]) -> list[str]:
-    """The names gcc's probe output calls undeclared (its C-locale or UTF-8 quotes)."""
-    return [name for name in names
-            if re.search(rf"[‘'`]{re.escape(name)}[’'] was not declared in this scope", message)]
+def has_token(preprocessed: str, name: str) -> bool:
+    return re.search(rf"(?<![\w$]){re.escape(name)}(?![\w$])", preprocessed) is not None
