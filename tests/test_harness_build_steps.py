@@ -4,6 +4,7 @@ system C++ compiler in well under a second; no nvcc, no torch headers)."""
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import os
 import shutil
@@ -379,9 +380,13 @@ def test_the_cuda_unit_waits_for_main_cpp_even_with_free_slots(tmp_path, monkeyp
         assert (tmp_path / "m.so").exists()
 
 
-def test_a_host_unit_waiting_for_another_builders_lock_lets_cuda_go(tmp_path, monkeypatch):
+@pytest.mark.parametrize("hold", [False, True])
+def test_a_host_unit_waiting_for_another_builders_lock_lets_cuda_go(tmp_path, monkeypatch,
+                                                                    hold):
     """main.cpp waiting for a lock another builder holds (a precompiled header being made)
-    holds nothing back: the cuda unit takes the slot meanwhile, and the build succeeds."""
+    holds nothing back: the cuda unit takes the slot meanwhile, and the build succeeds;
+    unless it holds its line (a main.cpp the binding check expects to fail): then the cuda
+    unit still waits for it."""
     monkeypatch.setenv(compile_steps.SLOTS_ENV, "1")
     (tmp_path / "build.ninja").write_text(
         HOST_FIRST_NINJA.replace(" && sleep 0.2 && echo 'main.cpp: error: undeclared name' >&2"
@@ -393,11 +398,13 @@ def test_a_host_unit_waiting_for_another_builders_lock_lets_cuda_go(tmp_path, mo
 
     def pch_wait(step):
         if step["rule"] == "compile":
-            with open(lock_path, "w") as handle:
+            with open(lock_path, "w") as handle, \
+                    (compile_steps.holding_line() if hold else contextlib.nullcontext()):
                 compile_steps.wait_for_lock(handle)
 
     compile_steps.run_steps(tmp_path / "build.ninja", tmp_path / "cache", pch_wait)
-    assert (tmp_path / "order").read_text().split() == ["cuda", "host"]
+    order = ["host", "cuda"] if hold else ["cuda", "host"]
+    assert (tmp_path / "order").read_text().split() == order
     assert (tmp_path / "m.so").exists() and (tmp_path / "cuda_finished").exists()
 
 

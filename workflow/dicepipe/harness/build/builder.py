@@ -32,6 +32,7 @@ from .buildspec import build_dir, module_name, spec_uses_cuda
 from .compile_steps import (
     StepError,
     cpu_slot,
+    holding_line,
     recoverable,
     record_step,
     run_command,
@@ -188,7 +189,11 @@ def _run_build(spec: dict, name: str, sources: list[str], folder: Path, with_cud
                     log.append(f"main.cpp with minimal headers failed; as written: {exc}")
                 finally:
                     source.write_text(text)
-            note = before_compile(step)
+            if full_only:  # likely to fail: its cuda unit waits for it, PCH wait included
+                with holding_line():
+                    note = before_compile(step)
+            else:
+                note = before_compile(step)
             run_command(step["command"], folder, cache, log, step="host")
             full = "host:full-headers" if minimal or full_only else None
             return ",".join(n for n in (note, full) if n)

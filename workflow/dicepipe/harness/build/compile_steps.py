@@ -109,6 +109,12 @@ def recoverable():
     return _thread_setting("recoverable", True)
 
 
+def holding_line():
+    """Waits for a lock inside keep the build's other units held back (see HostFirst): for
+    a main.cpp expected to fail, whose cuda unit's work would be wasted."""
+    return _thread_setting("hold_line", True)
+
+
 def _descendants(pid: int) -> list[int]:
     children: dict[int, list[int]] = {}
     for entry in Path("/proc").iterdir():
@@ -239,7 +245,8 @@ def wait_for_lock(handle) -> None:
             fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
             return
         except BlockingIOError:
-            _host_leaves_line()  # another builder holds it: no reason to hold nvcc back
+            if not getattr(_local, "hold_line", False):
+                _host_leaves_line()  # another builder holds it: no reason to hold nvcc back
             waiting()
             time.sleep(delay)
             delay = min(delay * 2, 0.5)
