@@ -1,7 +1,8 @@
 """Minimal headers (harness/build/preludes.py): what a prelude holds, that main.cpp's prelude
 declares every pybind11 caster <torch/extension.h> does, that a real CPU extension builds
-with it and one needing more falls back to the full headers, and that a real kernel's device
-code (PTX) is the same whichever headers its .cu compiled with."""
+with it and one needing more falls back to the full headers, that a real kernel's device
+code (PTX) is the same whichever headers its .cu compiled with, and that the binding check
+fails exactly the main.cpp that fail as written (and lets the rest compile)."""
 
 from __future__ import annotations
 
