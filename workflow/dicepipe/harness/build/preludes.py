@@ -166,7 +166,7 @@ def write_prelude(text: str, cache: Path) -> Path:
 # twice). Either way main.cpp fails with any headers, after parsing all of them, and with the
 # minimal headers first it would be compiled twice. The check preprocesses main.cpp as
 # written up to its generated binding block (-E -dD: the same text, headers and flags; about
-# a second) and decides from the tokens, exactly: a bound name that is no token of the
+# 2 CPU-s) and decides from the tokens, exactly: a bound name that is no token of the
 # result (macro definitions included) is declared nowhere before the block; a result that
 # defines the module's own init function (`PyInit_<name>`) meets a second definition in the
 # block. Both fail as written, so the build fails there. A bound name the headers spell
