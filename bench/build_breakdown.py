@@ -61,8 +61,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "workflow"))
 
-PHASES = ("host:check", "host", "cuda:dryrun", "cuda:preprocess", "cuda:cudafe", "cuda:cicc", "cuda:ptxas",
-          "cuda:fatbinary", "cuda:host-compile", "link", "pch:host", "pch:cuda-host")
+PHASES = ("host:check", "host", "cuda:dryrun", "cuda:preprocess", "cuda:cudafe", "cuda:cicc",
+          "cuda:ptxas", "cuda:fatbinary", "cuda:host-compile", "link", "pch:host", "pch:cuda-host")
 PCH_STEPS = ("pch:host", "pch:cuda-host")
 
 # name -> what it changes (applied in each builder process by _apply_variant)

@@ -4,7 +4,6 @@ system C++ compiler in well under a second; no nvcc, no torch headers)."""
 
 from __future__ import annotations
 
-import contextlib
 import fcntl
 import os
 import shutil
@@ -398,8 +397,7 @@ def test_a_host_unit_waiting_for_another_builders_lock_lets_cuda_go(tmp_path, mo
 
     def pch_wait(step):
         if step["rule"] == "compile":
-            with open(lock_path, "w") as handle, \
-                    (compile_steps.holding_line() if hold else contextlib.nullcontext()):
+            with open(lock_path, "w") as handle, compile_steps.holding_line(hold):
                 compile_steps.wait_for_lock(handle)
 
     compile_steps.run_steps(tmp_path / "build.ninja", tmp_path / "cache", pch_wait)

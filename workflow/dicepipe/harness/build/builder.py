@@ -189,10 +189,7 @@ def _run_build(spec: dict, name: str, sources: list[str], folder: Path, with_cud
                     log.append(f"main.cpp with minimal headers failed; as written: {exc}")
                 finally:
                     source.write_text(text)
-            if full_only:  # likely to fail: its cuda unit waits for it, PCH wait included
-                with holding_line():
-                    note = before_compile(step)
-            else:
+            with holding_line(full_only):  # likely to fail: its cuda unit waits, PCH wait too
                 note = before_compile(step)
             run_command(step["command"], folder, cache, log, step="host")
             full = "host:full-headers" if minimal or full_only else None

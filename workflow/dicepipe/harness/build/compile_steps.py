@@ -109,10 +109,10 @@ def recoverable():
     return _thread_setting("recoverable", True)
 
 
-def holding_line():
-    """Waits for a lock inside keep the build's other units held back (see HostFirst): for
-    a main.cpp expected to fail, whose cuda unit's work would be wasted."""
-    return _thread_setting("hold_line", True)
+def holding_line(hold: bool = True):
+    """With `hold`, waits for a lock inside keep the build's other units held back (see
+    HostFirst): for a main.cpp expected to fail, whose cuda unit's work would be wasted."""
+    return _thread_setting("hold_line", hold)
 
 
 def _descendants(pid: int) -> list[int]:
