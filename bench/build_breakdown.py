@@ -26,6 +26,8 @@ same call, in the order given (the first is the baseline of the ratios):
   no-light-headers  cuda.cu compiled as written (what cuda_light_headers saves, measured)
   no-minimal-headers  no minimal-header tier and no binding check (harness.run.minimal_headers
                     off): the harness of session 13, the "before" of both
+  no-slim-ops       cuda.cu's minimal prelude with the operators' own headers instead of
+                    their slim copies (preludes.slim_op_text): the harness of session 15
 
 Each variant's summary also counts the header tier each build compiled with (`tiers`): the
 cuda unit's (minimal-headers, light-headers, full-headers) and main.cpp's.
@@ -71,6 +73,7 @@ VARIANTS = {
     "no-light-headers": "cuda.cu compiled as written (cuda_light_headers off)",
     "no-minimal-headers": "no minimal-header tier, no binding check (minimal_headers off): "
                           "the harness before them",
+    "no-slim-ops": "the operators' own headers in cuda.cu's minimal prelude (no slim copies)",
 }
 
 
@@ -218,6 +221,10 @@ def _build_one(item: dict, cache: str, use_pch: bool, light_headers: bool) -> di
         light_headers = minimal_headers = False
     if _STATE["variant"] == "no-minimal-headers":
         minimal_headers = False
+    if _STATE["variant"] == "no-slim-ops":
+        from dicepipe.harness.build import nvcc_split
+
+        nvcc_split.SLIM_OPS = False
     start = time.monotonic()
     status = build_spec(spec, item["key"], Path(cache), use_pch, light_headers, minimal_headers)
     return {"kernel": item["kernel"], "key": item["key"], "ok": bool(status.get("ok")),
@@ -324,7 +331,7 @@ def tier_counts(rows: list[dict]) -> dict:
         cuda = next((n for n in notes if n in ("minimal-headers", "light-headers",
                                                  "full-headers")), "as-written")
         host = next((n for n in notes if n.startswith("host:")), "host:as-written")
-        for name in (f"cuda:{cuda}", host):
+        for name in (f"cuda:{cuda}", host) + (("cuda:slim-ops",) if "slim-ops" in notes else ()):
             counts[name] = counts.get(name, 0) + 1
     return dict(sorted(counts.items()))
 

@@ -12,7 +12,7 @@ import threading
 import time
 
 import pytest
-from dicepipe.harness.build import compile_steps, nvcc_split
+from dicepipe.harness.build import compile_steps, nvcc_split, preludes
 
 NINJA = """ninja_required_version = 1.3
 cxx = c++
@@ -156,7 +156,7 @@ def _fake_nvcc(monkeypatch, fail_without_extension: bool):
     """Records the text each compile saw; fails a light compile when told to."""
     seen = []
 
-    def compile_once(step, folder, cache, log):
+    def compile_once(step, folder, cache, log, after=None):
         text = (folder / "cuda.cu").read_text()
         seen.append(text)
         if fail_without_extension and "<torch/extension.h>" not in text.replace(
@@ -205,7 +205,7 @@ def test_minimal_headers_first_then_lighter_tiers_only_for_missing_declarations(
     (tmp_path / "cuda.cu").write_text(CU)
     seen = []
 
-    def compile_once(step, folder, cache, log):
+    def compile_once(step, folder, cache, log, after=None):
         text = (folder / "cuda.cu").read_text()
         seen.append(text)
         if text != CU:
@@ -221,6 +221,52 @@ def test_minimal_headers_first_then_lighter_tiers_only_for_missing_declarations(
     if compiles == 3:
         assert seen[1] == CU.replace("#include <torch/extension.h>", nvcc_split._LEFT_OUT)
     assert (tmp_path / "cuda.cu").read_text() == CU
+
+
+def test_slim_operator_headers_give_way_to_the_originals_a_unit_also_includes(
+        tmp_path, monkeypatch):
+    """cuda.cu's prelude uses slim operator headers; a unit whose own includes reach an
+    original of one (here: the preprocessed text names ATen/ops/empty_like.h) stops after
+    the first preprocessing pass and compiles with the operators' own headers."""
+    (tmp_path / "cuda.cu").write_text(CU)
+    seen, checks = [], []
+
+    def compile_once(step, folder, cache, log, after=None):
+        text = (folder / "cuda.cu").read_text()
+        seen.append(text)
+        checks.append(after is not None)
+        if after is not None:
+            keep = folder / "nvcc"
+            keep.mkdir(exist_ok=True)
+            (keep / "cuda.cpp4.ii").write_text(
+                '# 1 "cuda.cu"\n# 1 "/x/torch/include/ATen/ops/empty_like.h" 1\nint a;\n')
+            after("cuda:dryrun")  # only the preprocessing pass is read
+            after("cuda:preprocess")
+        return "host-pch:built"
+
+    monkeypatch.setattr(nvcc_split, "_compile_cuda", compile_once)
+    log: list[str] = []
+    note = nvcc_split.compile_cuda({"in": ["cuda.cu"], "command": "nvcc"}, tmp_path, tmp_path,
+                                   log, light_headers=True, minimal_headers=True)
+    assert checks == [True, False] and note == "host-pch:built,minimal-headers"
+    first, second = (preludes.prelude_path(text).read_text() for text in seen)
+    assert "slim copy of ATen/TensorOperators.h" in first and "slim copy" not in second
+    assert "includes ATen/ops/empty_like.h" in log[0] and "stopped" in log[0]
+    assert (tmp_path / "cuda.cu").read_text() == CU
+
+
+def test_slim_check_reads_the_first_preprocessing_pass_once(tmp_path):
+    keep = tmp_path / "nvcc"
+    keep.mkdir()
+    ii = keep / "cuda.cpp4.ii"
+    ii.write_text('# 1 "cuda.cu"\n# 1 "/c/preludes/slim/ab.h" 1\n# 7 "/t/ATen/ops/cat_ops.h"\n')
+    check = nvcc_split.slim_check(keep, ["ATen/ops/cat.h", "ATen/TensorOperators.h"])
+    check("cuda:preprocess")  # no original of a slimmed header: nothing to say
+    ii.write_text('# 3 "/t/include/ATen/ops/cat.h" 1\n')
+    check("cuda:preprocess")  # read once: the device pass's text is the same includes
+    again = nvcc_split.slim_check(keep, ["ATen/ops/cat.h"])
+    with pytest.raises(nvcc_split.HeaderConflict, match="ATen/ops/cat.h"):
+        again("cuda:preprocess")
 
 
 def test_only_precompiled_header_trouble_triggers_a_build_without_it():

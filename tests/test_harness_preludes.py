@@ -1,7 +1,8 @@
 """Minimal headers (harness/build/preludes.py): what a prelude holds, that main.cpp's prelude
 declares every pybind11 caster <torch/extension.h> does, that a real CPU extension builds
 with it and one needing more falls back to the full headers, that a real kernel's device
-code (PTX) is the same whichever headers its .cu compiled with, and that the binding check
+code (PTX) is the same whichever headers its .cu compiled with (slim operator headers too:
+every slim copy compiles, and a unit reaching an original is seen), and that the binding check
 fails exactly the main.cpp that fail as written (and lets the rest compile)."""
 
 from __future__ import annotations
@@ -89,6 +90,49 @@ def test_binding_prelude_declares_every_caster_the_full_header_does(tmp_path):
     assert any("pybind.h" in p for p in declaring)  # the scan sees torch's casters at all
     assert declaring <= light, sorted(declaring - light)
     assert len(light) < len(full) / 2  # and it is a much smaller parse
+
+
+@pytest.mark.skipif(shutil.which("c++") is None, reason="needs a C++ compiler")
+def test_every_slim_operator_header_compiles_and_conflicts_are_seen(tmp_path):
+    """Every generated operator header of the installed torch has a slim copy that compiles
+    after Tensor.h alone (those that add a completing include last, so that no other header
+    leans on it); a call needing a completed signature type compiles; and the preprocessed
+    text of a unit that also includes the originals names them (slim_conflicts)."""
+    include_dir = preludes.torch_include_dir()
+    folder = tmp_path / "slim"
+    plain, completed, kept = [], [], []
+    for name in sorted(preludes._op_names(include_dir)):
+        if re.search(r"_(ops|native|dispatch|meta)$", name):
+            continue
+        copy = preludes._slim_header(f"ATen/ops/{name}.h", include_dir, folder)
+        if copy is None:
+            kept.append(name)
+            continue
+        text = copy.read_text()
+        (completed if "ATen/core/IListRef.h" in text or "ATen/core/List.h" in text
+         else plain).append(copy)
+        assert "ATen/Context.h" not in text and f"<ATen/ops/{name}_ops.h>" in text
+    assert len(plain) > 1000 and completed and len(kept) < 10, (len(plain), kept)
+    unit = tmp_path / "all.cpp"
+    unit.write_text("#include <ATen/core/Tensor.h>\n"
+                    + "".join(f'#include "{p}"\n' for p in plain + completed)
+                    + "at::Tensor two(at::Tensor a) { return at::cat({a, a}, 0); }\n")
+    done = subprocess.run(["c++", *_torch_flags(), "-fsyntax-only", str(unit)],
+                          capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-3000:]
+
+    source = CU.replace("#include <torch/extension.h>\n", "")
+    slim = preludes.minimal_source(source, tmp_path / "cache", binding=False, slim=True)
+    originals = preludes.slim_originals(slim)
+    assert {"ATen/ops/empty_like.h", "ATen/ops/matmul.h", "ATen/TensorOperators.h"} <= set(
+        originals)
+    for extra, expected in (("", []), ("#include <ATen/ATen.h>\n", originals)):
+        unit = tmp_path / "unit.cpp"
+        unit.write_text(slim.replace("#include <cuda.h>\n#include <cuda_runtime.h>\n", extra))
+        done = subprocess.run(["c++", *_torch_flags(), "-E", str(unit)], capture_output=True,
+                              text=True)
+        assert done.returncode == 0, done.stderr[-3000:]
+        assert preludes.slim_conflicts(done.stdout, originals) == sorted(expected)
 
 
 def _load(path: Path, name: str):
@@ -225,7 +269,8 @@ def test_real_kernel_device_code_is_the_same_with_minimal_headers(tmp_path):
     cuda = re.search(r"r'''\n(.*?)'''", code, re.S).group(1)
     written = "#include <torch/types.h>\n#include <cuda.h>\n#include <cuda_runtime.h>\n" + cuda
     minimal = preludes.minimal_source(written, tmp_path / "cache", binding=False)
-    assert minimal is not None
+    slim = preludes.minimal_source(written, tmp_path / "cache", binding=False, slim=True)
+    assert minimal is not None and preludes.slim_originals(slim)
     full, light = _ptx(written, tmp_path / "full"), _ptx(minimal, tmp_path / "minimal")
     assert ".entry" in full
     def normal(ptx: str) -> str:
@@ -233,4 +278,4 @@ def test_real_kernel_device_code_is_the_same_with_minimal_headers(tmp_path):
         # internal-linkage names carry a hash of the translation unit's text
         return re.sub(r"(_INTERNAL_|_GLOBAL__N__)[0-9a-f]{8}_", r"\1", ptx)
 
-    assert normal(full) == normal(light)
+    assert normal(full) == normal(light) == normal(_ptx(slim, tmp_path / "slim"))

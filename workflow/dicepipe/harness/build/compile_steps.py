@@ -370,9 +370,11 @@ def run_command(command: str, cwd: Path, cache: Path, log: list[str],
 
 
 def run_commands(commands: list[tuple[str, str]], cwd: Path, cache: Path, log: list[str],
-                 env: dict | None = None) -> str:
+                 env: dict | None = None, after=None) -> str:
     """(step name, shell command) pairs run in order in one CPU slot, stopping at the first
-    that fails (as `set -e` would); each is recorded on its own. Returns their output."""
+    that fails (as `set -e` would); each is recorded on its own. Returns their output.
+    `after(step name)` runs after each command that succeeds, in the slot (a StepError it
+    raises stops the rest)."""
     outputs: list[str] = []
     queued = time.monotonic()
     with cpu_slot(cache):
@@ -393,6 +395,8 @@ def run_commands(commands: list[tuple[str, str]], cwd: Path, cache: Path, log: l
                 outputs.append(output)
             if returncode != 0:
                 raise StepError(f"command failed (exit {returncode}): {command}\n{output}")
+            if after is not None:
+                after(step)
     return "\n".join(outputs)
 
 

@@ -45,12 +45,17 @@ from .compile_steps import (
     run_measured,
     wait_for_lock,
 )
-from .preludes import NEEDS_ALL, minimal_source, only_missing_declarations
+from .preludes import (NEEDS_ALL, minimal_source, only_missing_declarations,
+                       slim_conflicts, slim_originals)
 
 
 def placeholder(module_id: str) -> str:
     """A fixed stand-in of the same length, so mangled names keep their length prefixes."""
     return "_" + "0" * (len(module_id) - 1)
+
+# cuda.cu's minimal prelude with slim operator headers (preludes.slim_op_text); off: the
+# operators' own headers (what bench/build_breakdown.py's `no-slim-ops` variant measures)
+SLIM_OPS = True
 
 # A host precompiled header is ~1 GB: beyond this many distinct header sets, compile plainly.
 MAX_HOST_HEADERS = 12
@@ -113,11 +118,33 @@ def phase_name(line: str) -> str:
 
 
 def run_phases(lines: list[str], folder: Path, cache: Path, log: list[str],
-               env: dict) -> str:
+               env: dict, after=None) -> str:
     """nvcc's phase commands in order in one CPU slot (as `script` would run them), each
-    timed on its own."""
+    timed on its own; `after(step name)` as in run_commands."""
     return run_commands([(phase_name(line), line) for line in lines if not _ASSIGN.match(line)],
-                        folder, cache, log, env)
+                        folder, cache, log, env, after)
+
+
+class HeaderConflict(StepError):
+    """A unit with slim operator headers also includes an original of one of them."""
+
+
+def slim_check(keep: Path, originals: list[str]):
+    """An `after` hook for run_phases: once the first preprocessing pass has written its
+    output, a unit whose includes reach an original of a slimmed header stops there
+    (HeaderConflict), before cudafe++ parses it."""
+    done = []
+
+    def check(step: str) -> None:
+        if step != "cuda:preprocess" or done:
+            return
+        done.append(step)
+        for ii in sorted(keep.glob("*.ii")):
+            both = slim_conflicts(ii.read_text(errors="replace"), originals)
+            if both:
+                raise HeaderConflict(f"the unit includes {', '.join(both)} beside the slim "
+                                     "copies of the prelude")
+    return check
 
 
 # `#include <torch/extension.h>` on a line of its own: torch/all.h and pybind11 on top of the
@@ -150,7 +177,7 @@ def compile_cuda(step: dict, folder: Path, cache: Path, log: list[str],
     text = path.read_text() if wanted else ""
     tiers = []
     if minimal_headers and text:
-        minimal = minimal_source(text, cache, binding=False)
+        minimal = minimal_source(text, cache, binding=False, slim=SLIM_OPS)
         if minimal is not None:
             tiers.append(("minimal-headers", minimal))
     if light_headers and "<torch/types.h>" in text and not NEEDS_ALL.search(text):
@@ -160,11 +187,23 @@ def compile_cuda(step: dict, folder: Path, cache: Path, log: list[str],
     if not tiers:
         return _compile_cuda(step, folder, cache, log)
     try:
-        for k, (label, variant) in enumerate(tiers):
+        k = 0
+        while k < len(tiers):
+            label, variant = tiers[k]
             path.write_text(variant)  # the same line count: compiler messages keep their lines
+            originals = slim_originals(variant) if label == "minimal-headers" else []
             try:
                 with recoverable():  # its failure is not the build's: the next tier compiles
-                    return _compile_cuda(step, folder, cache, log) + "," + label
+                    note = _compile_cuda(step, folder, cache, log,
+                                         slim_check(folder / "nvcc", originals)
+                                         if originals else None)
+                    return note + "," + label + (",slim-ops" if originals else "")
+            except HeaderConflict as exc:
+                # the same tier again with the operators' own headers
+                log.append(f"compiling with {label} (slim operator headers) stopped: {exc}")
+                shutil.rmtree(folder / "nvcc", ignore_errors=True)
+                tiers[k] = (label, minimal_source(text, cache, binding=False) or text)
+                continue
             except StepError as exc:
                 # an error that is no missing declaration is the source's own: a lighter
                 # tier cannot help, so it goes straight to its headers as written
@@ -174,13 +213,14 @@ def compile_cuda(step: dict, folder: Path, cache: Path, log: list[str],
                 shutil.rmtree(folder / "nvcc", ignore_errors=True)  # module id, intermediates
                 if last:
                     break
+            k += 1
         path.write_text(text)
         return _compile_cuda(step, folder, cache, log) + ",full-headers"
     finally:
         path.write_text(text)  # the build folder keeps the source as the candidate wrote it
 
 
-def _compile_cuda(step: dict, folder: Path, cache: Path, log: list[str]) -> str:
+def _compile_cuda(step: dict, folder: Path, cache: Path, log: list[str], after=None) -> str:
     command = step["command"]
     source = step["in"][0] if step["in"] else ""
     if source and Path(source).resolve().parent == folder.resolve():
@@ -196,10 +236,10 @@ def _compile_cuda(step: dict, folder: Path, cache: Path, log: list[str]) -> str:
     env = phase_env(lines)
     front = next((k for k in range(index) if lines[k].startswith("cudafe++")), None)
     if front is None:
-        run_phases(lines[:index], folder, cache, log, env)
+        run_phases(lines[:index], folder, cache, log, env, after)
         header = _prepare_host(lines[index], folder, keep, cache, env)
     else:
-        run_phases(lines[:front + 1], folder, cache, log, env)
+        run_phases(lines[:front + 1], folder, cache, log, env, after)
         # cudafe++ has written the host side and the module id: a missing header is made
         # while cicc and ptxas work on the device side (the first builds of a batch wait
         # for it, so this is their critical path)

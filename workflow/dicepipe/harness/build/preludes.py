@@ -26,6 +26,18 @@ The minimal prelude of a unit is, in one header written into the build cache:
 - the `torch` namespace as `<torch/types.h>` makes it: `using namespace at`, std's optional,
   the Dtype alias and the kFloat32-style constants.
 
+For cuda.cu the operator headers are slim copies (`slim_op_text`): each `ATen/ops/<name>.h`
+includes ATen's Context, DeviceGuard, TensorUtils and TracerMode headers, which none of its
+declarations needs and which are most of what it adds to `ATen/core/Tensor.h` (6.7 MB of
+preprocessed text instead of 4.3 MB for a prelude naming `empty`, `linear` and `min`; cudafe++
+and cicc 3.6 CPU-s less on a 2-core VM). The copy is the installed header's own text without
+those four includes (with `ATen/core/IListRef.h` or `ATen/core/List.h` where its signatures
+name those types, so every parameter type is as complete as in the full headers); a header
+whose includes are not the generated set is used as it is. A unit that also reaches an
+original of a slimmed header through its own includes would define its functions twice: the
+first preprocessing pass finds that (`slim_conflicts`) and the unit compiles with the
+operators' own headers before cudafe++ runs.
+
 A unit whose minimal compile fails compiles with the next tier (light headers for cuda.cu,
 then as written; as written for main.cpp), so a source needing more builds as before, only
 later. What changes for a source that compiles both ways: `torch::empty`, `torch::zeros`,
@@ -103,18 +115,31 @@ def torch_include_dir() -> str:
     return cpp_extension.include_paths()[0]
 
 
-def prelude_text(source: str, binding: bool, include_dir: str | None = None) -> str:
-    """The minimal prelude for a unit whose text is `source`."""
+def prelude_text(source: str, binding: bool, include_dir: str | None = None,
+                 slim: Path | None = None) -> str:
+    """The minimal prelude for a unit whose text is `source`; with `slim` (a cache folder),
+    its operator headers are slim copies written there (`slim_op_text`), each include
+    followed by the original it stands for (`slim_originals` reads them back)."""
     include_dir = include_dir or torch_include_dir()
     ops = _op_names(include_dir)
     named = sorted({w for w in _CALLED.findall(_COMMENT.sub(" ", source)) if w in ops})
     lines = ["#pragma once", "// dicepipe: minimal torch headers (harness/build/preludes.py)",
              "#include <ATen/core/Tensor.h>"]
-    lines += [f"#include <ATen/ops/{name}.h>" for name in named]
+    for name in named:
+        copy = _slim_header(f"ATen/ops/{name}.h", include_dir, slim) if slim else None
+        lines.append(f'#include "{copy}"{_SLIM_TAG}ATen/ops/{name}.h' if copy
+                     else f"#include <ATen/ops/{name}.h>")
     # Tensor arithmetic (x * 2, a + b) with its one operator header, not all of them
-    lines += ["#ifndef AT_PER_OPERATOR_HEADERS", "#define AT_PER_OPERATOR_HEADERS",
-              "#include <ATen/TensorOperators.h>", "#undef AT_PER_OPERATOR_HEADERS", "#else",
-              "#include <ATen/TensorOperators.h>", "#endif"]
+    operators = _slim_header("ATen/TensorOperators.h", include_dir, slim) if slim else None
+    if operators:
+        if "empty_like" not in named:  # the slim copy the operators include, named here too
+            empty_like = _slim_header("ATen/ops/empty_like.h", include_dir, slim)
+            lines.append(f'#include "{empty_like}"{_SLIM_TAG}ATen/ops/empty_like.h')
+        lines.append(f'#include "{operators}"{_SLIM_TAG}ATen/TensorOperators.h')
+    else:
+        lines += ["#ifndef AT_PER_OPERATOR_HEADERS", "#define AT_PER_OPERATOR_HEADERS",
+                  "#include <ATen/TensorOperators.h>", "#undef AT_PER_OPERATOR_HEADERS",
+                  "#else", "#include <ATen/TensorOperators.h>", "#endif"]
     if "AT_DISPATCH" in source:
         lines.append("#include <ATen/Dispatch.h>")
     if binding:
@@ -128,13 +153,16 @@ def prelude_text(source: str, binding: bool, include_dir: str | None = None) -> 
 
 
 def minimal_source(text: str, cache: Path, binding: bool,
-                   include_dir: str | None = None) -> str | None:
+                   include_dir: str | None = None, slim: bool = False) -> str | None:
     """`text` with its torch includes replaced by one include of its minimal prelude
     (same line count: compiler messages keep their lines), or None where the tier does not
-    apply (no torch include to replace, or a source it would change)."""
+    apply (no torch include to replace, or a source it would change). `slim`: the prelude's
+    operator headers are slim copies (cuda.cu, where the first preprocessing pass checks
+    for a second copy: `slim_conflicts`)."""
     if not _TORCH_INCLUDE.search(text) or _SKIP.search(text) or NEEDS_ALL.search(text):
         return None
-    header = write_prelude(prelude_text(text, binding, include_dir), cache)
+    folder = cache / "preludes" / "slim" if slim else None
+    header = write_prelude(prelude_text(text, binding, include_dir, folder), cache)
     return _TORCH_INCLUDE.sub(f'#include "{header}"', text)
 
 
@@ -144,10 +172,10 @@ def prelude_path(source: str) -> Path | None:
     return Path(match.group(1)) if match else None
 
 
-def write_prelude(text: str, cache: Path) -> Path:
+def write_prelude(text: str, cache: Path, folder: Path | None = None) -> Path:
     """The prelude as a file in the cache, named by its content (written once, atomically)."""
     digest = hashlib.sha256(text.encode()).hexdigest()[:24]
-    folder = cache / "preludes"
+    folder = folder or cache / "preludes"
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"{digest}.h"
     if not path.is_file():
@@ -155,6 +183,74 @@ def write_prelude(text: str, cache: Path) -> Path:
         tmp.write_text(text)
         os.replace(tmp, path)
     return path.resolve()
+
+
+# ------------------------------------------------------------------ slim operator headers
+
+# what every generated ATen/ops/<name>.h includes beyond Tensor.h's own world: no declaration
+# of the header needs them (tests compile every slim copy of the installed torch), and they
+# are most of its weight (Context.h alone is 1.9 MB preprocessed)
+_OPS_HEAVY = ("#include <ATen/Context.h>", "#include <ATen/DeviceGuard.h>",
+              "#include <ATen/TensorUtils.h>", "#include <ATen/TracerMode.h>")
+# a signature type Tensor.h leaves incomplete -> the header that completes it (DeviceGuard.h
+# brought IListRef.h; a call `cat({a, b}, 0)` needs the type complete)
+_COMPLETES = ((re.compile(r"ListRef\b"), "#include <ATen/core/IListRef.h>"),
+              (re.compile(r"\bc10::List<"), "#include <ATen/core/List.h>"))
+_PER_OPERATOR_BLOCK = ("#ifndef AT_PER_OPERATOR_HEADERS\n#include <ATen/Functions.h>\n#else\n"
+                       "#include <ATen/ops/empty_like.h>\n#endif\n")
+_SLIM_TAG = "  // slim copy of "
+_SLIM_LINE = re.compile(r'^#include "[^"\n]+"' + re.escape(_SLIM_TAG) + r"(\S+)$", re.M)
+_LINE_MARKER = re.compile(r'^# \d+ "([^"\n]*)"', re.M)
+
+
+def slim_op_text(text: str) -> str | None:
+    """A generated operator header's text without the includes none of its declarations
+    needs, or None where its includes are not the generated set (used as it is)."""
+    lines = text.split("\n")
+    if not set(_OPS_HEAVY) <= set(lines):
+        return None
+    extra = [include for pattern, include in _COMPLETES if pattern.search(text)]
+    out = ["// dicepipe: a slim copy (harness/build/preludes.py slim_op_text)"]
+    for line in lines:
+        if line in _OPS_HEAVY:
+            out += extra
+            extra = []
+        else:
+            out.append(line)
+    return "\n".join(out)
+
+
+def _slim_header(relative: str, include_dir: str, folder: Path) -> Path | None:
+    """The slim copy of `relative` (under include_dir) written into `folder`, or None."""
+    try:
+        text = (Path(include_dir) / relative).read_text()
+    except OSError:
+        return None
+    if relative == "ATen/TensorOperators.h":
+        empty_like = _slim_header("ATen/ops/empty_like.h", include_dir, folder)
+        if empty_like is None or _PER_OPERATOR_BLOCK not in text:
+            return None
+        slim = text.replace(_PER_OPERATOR_BLOCK, f'#include "{empty_like}"\n', 1)
+    else:
+        slim = slim_op_text(text)
+    return write_prelude(slim, folder, folder) if slim is not None else None
+
+
+def slim_originals(source: str) -> list[str]:
+    """The headers (relative to torch's include folder) whose slim copies the prelude that
+    `source` includes stands in for."""
+    header = prelude_path(source)
+    try:
+        return _SLIM_LINE.findall(header.read_text()) if header else []
+    except OSError:
+        return []
+
+
+def slim_conflicts(preprocessed: str, originals: list[str]) -> list[str]:
+    """The originals of slimmed headers that a unit's preprocessed text also includes (each
+    would define its functions a second time)."""
+    seen = {path for path in _LINE_MARKER.findall(preprocessed)}
+    return sorted(o for o in originals if any(p.endswith("/" + o) for p in seen))
 
 
 # ------------------------------------------------------------------ the binding check
