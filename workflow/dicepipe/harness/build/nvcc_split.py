@@ -163,7 +163,9 @@ def compile_cuda(step: dict, folder: Path, cache: Path, log: list[str],
 
     - minimal_headers: its torch includes replaced by its minimal prelude (ATen's Tensor and
       the operators it names: `preludes`; cudafe++ + cicc take 12.5 s instead of 28.1 s for
-      one kernel on a 2-core VM);
+      one kernel on a 2-core VM), the operators' headers as slim copies (SLIM_OPS); a unit
+      whose own includes reach an original of one is seen after the first preprocessing
+      pass (slim_check) and compiles in this tier again with the originals;
     - light_headers: without `#include <torch/extension.h>` (the kernels and their host
       wrappers rarely need more than the torch/types.h load_inline includes, and nvcc's two
       front ends then parse half as much: 52 s instead of 113 s for one build on a 2-core VM);
