@@ -220,20 +220,30 @@ def slim_op_text(text: str) -> str | None:
     return "\n".join(out)
 
 
+@lru_cache(maxsize=4096)
+def _installed_slim_text(relative: str, include_dir: str) -> str | None:
+    """slim_op_text of an installed operator header, read once a process (builds of one
+    builder name the same few operators again and again)."""
+    try:
+        return slim_op_text((Path(include_dir) / relative).read_text())
+    except OSError:
+        return None
+
+
 def _slim_header(relative: str, include_dir: str, folder: Path) -> Path | None:
     """The slim copy of `relative` (under include_dir) written into `folder`, or None."""
+    if relative != "ATen/TensorOperators.h":
+        slim = _installed_slim_text(relative, include_dir)
+        return write_prelude(slim, folder, folder) if slim is not None else None
     try:
         text = (Path(include_dir) / relative).read_text()
     except OSError:
         return None
-    if relative == "ATen/TensorOperators.h":
-        empty_like = _slim_header("ATen/ops/empty_like.h", include_dir, folder)
-        if empty_like is None or _PER_OPERATOR_BLOCK not in text:
-            return None
-        slim = text.replace(_PER_OPERATOR_BLOCK, f'#include "{empty_like}"\n', 1)
-    else:
-        slim = slim_op_text(text)
-    return write_prelude(slim, folder, folder) if slim is not None else None
+    empty_like = _slim_header("ATen/ops/empty_like.h", include_dir, folder)
+    if empty_like is None or _PER_OPERATOR_BLOCK not in text:
+        return None
+    return write_prelude(text.replace(_PER_OPERATOR_BLOCK, f'#include "{empty_like}"\n', 1),
+                         folder, folder)
 
 
 def slim_originals(source: str) -> list[str]:
@@ -249,7 +259,7 @@ def slim_originals(source: str) -> list[str]:
 def slim_conflicts(preprocessed: str, originals: list[str]) -> list[str]:
     """The originals of slimmed headers that a unit's preprocessed text also includes (each
     would define its functions a second time)."""
-    seen = {path for path in _LINE_MARKER.findall(preprocessed)}
+    seen = set(_LINE_MARKER.findall(preprocessed))
     return sorted(o for o in originals if any(p.endswith("/" + o) for p in seen))
 
 
