@@ -5,7 +5,8 @@ workers do: the candidate's module run with `load_inline` recording its argument
 through the harness's own build path (`builder.build_spec`, as BuildService's builder workers
 run it: CPU slots shared by all builders, host unit first, nvcc's phases run one by one, the
 precompiled host headers) into a fresh cache, `--workers` builder processes at a time over
-`--slots` CPU slots. Each build's status carries one record per compiler run (`steps`:
+`--slots` CPU slots (default: twice as many builders as slots, as the harness runs cuda
+builds; sessions 14-16 ran 16 builders on 16 slots). Each build's status carries one record per compiler run (`steps`:
 wall and CPU seconds of the whole process tree, from wait4); the report sums them per phase:
 
   host:check        main.cpp up to its bindings, preprocessed: a bound name nothing declares
@@ -33,6 +34,11 @@ a tenth between calls and orders (1.79-2.00x): report both orders.
                     off): the harness of session 13, the "before" of both
   no-slim-ops       cuda.cu's minimal prelude with the operators' own headers instead of
                     their slim copies (preludes.slim_op_text): the harness of session 15
+  no-prelude-wait   a main.cpp finding its prelude's precompiled header being made by
+                    another builder compiles plainly (builder.WAIT_FOR_PRELUDE_PCH off): the
+                    harness of session 16
+  no-shared-host    every build compiles its main.cpp (builder.SHARE_HOST_OBJECTS off): the
+                    harness of session 17 before the shared main.cpp objects
 
 Each variant's summary also counts the header tier each build compiled with (`tiers`): the
 cuda unit's (minimal-headers, light-headers, full-headers) and main.cpp's.
@@ -59,6 +65,7 @@ import json
 import multiprocessing
 import os
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -68,8 +75,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "workflow"))
 
-PHASES = ("host:check", "host", "cuda:dryrun", "cuda:preprocess", "cuda:cudafe", "cuda:cicc",
-          "cuda:ptxas", "cuda:fatbinary", "cuda:host-compile", "link", "pch:host", "pch:cuda-host")
+PHASES = ("host:check", "host", "host:shared", "cuda:dryrun", "cuda:preprocess", "cuda:cudafe",
+          "cuda:cicc", "cuda:ptxas", "cuda:fatbinary", "cuda:host-compile", "link", "pch:host", "pch:cuda-host")
 PCH_STEPS = ("pch:host", "pch:cuda-host")
 
 # name -> what it changes (applied in each builder process by _apply_variant)
@@ -79,6 +86,10 @@ VARIANTS = {
     "no-minimal-headers": "no minimal-header tier, no binding check (minimal_headers off): "
                           "the harness before them",
     "no-slim-ops": "the operators' own headers in cuda.cu's minimal prelude (no slim copies)",
+    "no-prelude-wait": "a main.cpp that finds another builder making its prelude's precompiled "
+                       "header compiles plainly at once (the harness before session 17)",
+    "no-shared-host": "every build compiles its own main.cpp (no main.cpp object shared "
+                      "between builds of the same text)",
 }
 
 
@@ -230,6 +241,14 @@ def _build_one(item: dict, cache: str, use_pch: bool, light_headers: bool) -> di
         from dicepipe.harness.build import nvcc_split
 
         nvcc_split.SLIM_OPS = False
+    if _STATE["variant"] == "no-prelude-wait":
+        from dicepipe.harness.build import builder
+
+        builder.WAIT_FOR_PRELUDE_PCH = False
+    if _STATE["variant"] == "no-shared-host":
+        from dicepipe.harness.build import builder
+
+        builder.SHARE_HOST_OBJECTS = False
     start = time.monotonic()
     status = build_spec(spec, item["key"], Path(cache), use_pch, light_headers, minimal_headers)
     return {"kernel": item["kernel"], "key": item["key"], "ok": bool(status.get("ok")),
@@ -268,6 +287,47 @@ def run_variant(variant: str, specs: list[dict], args, work: Path) -> dict:
     wall = time.monotonic() - start
     return {"variant": variant, "description": VARIANTS[variant], "wall_s": round(wall, 2),
             "builds": rows, "summary": summarize(rows, wall, args.slots)}
+
+
+_IMPORT_SCRIPT = r"""
+import importlib.machinery, importlib.util, json, sys
+import torch  # noqa: F401 - the extensions' libraries
+bad = []
+for name, path, functions in json.load(sys.stdin):
+    try:
+        loader = importlib.machinery.ExtensionFileLoader(name, path)
+        module = importlib.util.module_from_spec(
+            importlib.util.spec_from_file_location(name, path, loader=loader))
+        loader.exec_module(module)
+        missing = [f for f in functions if not callable(getattr(module, f, None))]
+        if module.__name__ != name or missing:
+            bad.append(f"{name}: name {module.__name__}, missing {missing}")
+    except Exception as exc:  # noqa: BLE001 - reported
+        bad.append(f"{name}: {exc.__class__.__name__}: {exc}")
+print(json.dumps(bad))
+"""
+
+
+def import_check(variant: dict, specs: list[dict], cache: Path) -> dict:
+    """Import every module a variant built (in a fresh interpreter, after torch) and look up
+    its bound functions: a module's name and bindings come from its main.cpp object, which
+    the harness may have taken from another build (builder.SHARE_HOST_OBJECTS)."""
+    from dicepipe.harness.build.buildspec import module_name, so_path
+
+    by_key = {s["key"]: s for s in specs}
+    todo = []
+    for row in variant["builds"]:
+        functions = by_key[row["key"]]["spec"].get("functions") or []
+        if row["ok"]:
+            todo.append([module_name(row["key"]), str(so_path(cache, row["key"])),
+                         list(functions)])
+    proc = subprocess.run([sys.executable, "-c", _IMPORT_SCRIPT], input=json.dumps(todo),
+                          capture_output=True, text=True, timeout=600, check=False)
+    try:
+        bad = json.loads(proc.stdout.strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        bad = [f"import check failed: {proc.stderr[-1000:]}"]
+    return {"modules": len(todo), "imported": len(todo) - len(bad), "problems": bad[:10]}
 
 
 def warm_page_cache() -> dict:
@@ -379,7 +439,9 @@ def tier_counts(rows: list[dict]) -> dict:
         cuda = next((n for n in notes if n in ("minimal-headers", "light-headers",
                                                  "full-headers")), "as-written")
         host = next((n for n in notes if n.startswith("host:")), "host:as-written")
-        for name in (f"cuda:{cuda}", host) + (("cuda:slim-ops",) if "slim-ops" in notes else ()):
+        prelude = tuple(n for n in notes if n.startswith(("prelude-pch:", "host-object:")))
+        for name in (f"cuda:{cuda}", host, *prelude) + (("cuda:slim-ops",)
+                                                         if "slim-ops" in notes else ()):
             counts[name] = counts.get(name, 0) + 1
     return dict(sorted(counts.items()))
 
@@ -439,8 +501,9 @@ def main() -> None:
                         help="real-corpus folder (candidates/, references/) or CUDA-L1 .json")
     parser.add_argument("--limit", type=int, default=None, help="first N candidates")
     parser.add_argument("--stride", type=int, default=1, help="every k-th candidate")
-    parser.add_argument("--workers", type=int, default=os.cpu_count() or 1,
-                        help="builder processes (builds in flight)")
+    parser.add_argument("--workers", type=int, default=None,
+                        help="builder processes (builds in flight); default twice the slots, "
+                             "as the harness runs cuda builds (orchestrator: n_build + n_build)")
     parser.add_argument("--slots", type=int, default=os.cpu_count() or 1, help="CPU slots")
     parser.add_argument("--variants", nargs="+", default=["baseline"], choices=list(VARIANTS))
     parser.add_argument("--budget-s", type=float, default=None,
@@ -452,8 +515,14 @@ def main() -> None:
     parser.add_argument("--no-warm-page-cache", dest="warm_page_cache", action="store_false",
                         help="leave headers and compilers to be read from disk by the first "
                              "variant")
+    parser.add_argument("--import-check", action="store_true",
+                        help="import every built module after each variant and look up its "
+                             "bound functions (needs torch's real CUDA libraries: the GPU "
+                             "machine)")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
+    if args.workers is None:
+        args.workers = 2 * args.slots
     if not args.arch:
         from dicepipe.harness.build.buildspec import local_cuda_arch
 
@@ -475,6 +544,10 @@ def main() -> None:
         results = []
         for variant in args.variants:  # written after each: a cut-off run keeps what is done
             results.append(run_variant(variant, specs, args, work))
+            if args.import_check:
+                results[-1]["import_check"] = import_check(results[-1], specs,
+                                                           work / f"cache-{variant}")
+                print(f"  [{variant}] import check: {results[-1]['import_check']}", flush=True)
             report = markdown(results, args)
             if args.out:
                 args.out.mkdir(parents=True, exist_ok=True)

@@ -495,3 +495,157 @@ def test_run_measured_counts_the_process_tree(tmp_path):
 ])
 def test_nvcc_phases_are_named(line, name):
     assert nvcc_split.phase_name(line) == name
+
+
+@pytest.mark.parametrize("wait", [True, False])
+def test_a_main_cpp_waits_for_the_prelude_header_another_builder_is_making(tmp_path,
+                                                                           monkeypatch, wait):
+    """Two builds of one prelude: the first makes its precompiled header (a slow compiler
+    here), the second finds it being made and waits for it, then uses it ("waited"), making
+    none itself; with the wait off it compiles plainly at once ("busy")."""
+    from dicepipe.harness.build import builder
+
+    compiler = tmp_path / "slow-cxx"
+    calls = tmp_path / "calls"
+    compiler.write_text(f'#!/bin/sh\necho x >> "{calls}"\nsleep 1\n'
+                        'for last; do :; done\necho pch > "$last"\n')
+    compiler.chmod(0o755)
+    monkeypatch.setenv("CXX", str(compiler))
+    monkeypatch.delenv(compile_steps.SLOTS_ENV, raising=False)
+    monkeypatch.setattr(builder, "WAIT_FOR_PRELUDE_PCH", wait)
+    header = tmp_path / "prelude.h"
+    header.write_text("#pragma once\n")
+    ninja = tmp_path / "build.ninja"
+    ninja.write_text("cflags = -O0 -DTORCH_EXTENSION_NAME=m\n")
+    # the prelude was seen once before: its header is made on this (second) use
+    assert builder._ensure_prelude_pch(header, ninja, tmp_path) == "prelude-pch:first-seen"
+    notes: dict[str, str] = {}
+    maker = threading.Thread(target=lambda: notes.update(
+        maker=builder._ensure_prelude_pch(header, ninja, tmp_path)))
+    maker.start()
+    deadline = time.monotonic() + 10
+    while not calls.exists() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    notes["second"] = builder._ensure_prelude_pch(header, ninja, tmp_path)
+    maker.join()
+    assert notes["maker"] == "prelude-pch:built"
+    assert notes["second"] == ("prelude-pch:waited" if wait else "prelude-pch:busy")
+    assert calls.read_text().count("x") == 1  # one header made, by the first
+    assert len(list((tmp_path / "prelude.h.gch").iterdir())) == 1
+    assert builder._ensure_prelude_pch(header, ninja, tmp_path) == "prelude-pch:hit"
+
+
+FAKE_CXX = """#!/bin/sh
+# a stand-in compiler: the object is the module name it was given and the source's text
+echo call >> "$CALLS"
+for a; do case "$a" in -DTORCH_EXTENSION_NAME=*) name="${a#*=}";; esac; done
+while [ $# -gt 0 ]; do case "$1" in -c) src="$2"; shift;; -o) out="$2"; shift;; esac; shift; done
+if grep -q BROKEN "$src"; then echo "$src:1:1: error: 'nope' was not declared" >&2; exit 1; fi
+{ echo "module $name"; cat "$src"; } > "$out"
+"""
+
+MAIN_CPP = "#include <torch/extension.h>\nint f();\nPYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {}\n"
+
+
+def _host_step(tmp_path, folder_name: str, name: str, text: str):
+    from dicepipe.harness.build import builder
+
+    folder = tmp_path / folder_name
+    folder.mkdir()
+    (folder / "main.cpp").write_text(text)
+    step = {"rule": "compile", "out": "main.o", "in": [str(folder / "main.cpp")],
+            "command": f"{tmp_path / 'cxx'} -MMD -MF main.o.d -DTORCH_EXTENSION_NAME={name} "
+                       f"-fPIC -c {folder / 'main.cpp'} -o main.o"}
+    log: list[str] = []
+    note = builder.compile_host_object(step, folder, tmp_path / "cache", log, name, text)
+    return note, folder
+
+
+def test_builds_share_one_main_cpp_object_under_their_own_names(tmp_path, monkeypatch):
+    """The second build of the same main.cpp text and command compiles nothing: it takes the
+    first one's object with its own module name in it, the object its own compile makes;
+    another text compiles; a source naming its own path or a file beside it always
+    compiles; with sharing off every build compiles."""
+    from dicepipe.harness.build import builder
+
+    (tmp_path / "cxx").write_text(FAKE_CXX)
+    (tmp_path / "cxx").chmod(0o755)
+    calls = tmp_path / "calls"
+    monkeypatch.setenv("CALLS", str(calls))
+    monkeypatch.delenv(compile_steps.SLOTS_ENV, raising=False)
+    a, b = "dp_" + "a" * 24, "dp_" + "b" * 24
+    note, first = _host_step(tmp_path, "one", a, MAIN_CPP)
+    assert note == "host-object:made"
+    assert (first / "main.o").read_text() == f"module {a}\n{MAIN_CPP}"
+    note, second = _host_step(tmp_path, "two", b, MAIN_CPP)
+    assert note == "host-object:shared"
+    assert (second / "main.o").read_text() == f"module {b}\n{MAIN_CPP}"
+    assert calls.read_text().count("call") == 1
+    assert _host_step(tmp_path, "three", b, MAIN_CPP + "int g();\n")[0] == "host-object:made"
+    assert calls.read_text().count("call") == 2
+    for k, own in enumerate(['#include "kernel.h"\n', "const char* p = __FILE__;\n",
+                             ("const char* n = TORCH_EXTENSION_NAME_STR;\n#define X "
+                              "TORCH_EXTENSION_NAME\n")]):
+        assert not builder.host_object_shareable(MAIN_CPP + own)
+        assert _host_step(tmp_path, f"own{k}", a, MAIN_CPP + own)[0] == ""
+    assert builder.host_object_shareable(MAIN_CPP.replace(
+        "<torch/extension.h>", '"/cache/preludes/0123abcd.h"'))  # the minimal prelude's
+    monkeypatch.setattr(builder, "SHARE_HOST_OBJECTS", False)
+    before = calls.read_text().count("call")
+    assert _host_step(tmp_path, "off", b, MAIN_CPP)[0] == ""
+    assert calls.read_text().count("call") == before + 1
+
+
+def test_a_main_cpp_compiler_error_is_shared_with_the_next_build(tmp_path, monkeypatch):
+    """A main.cpp that does not compile fails the next build of the same text at once, with
+    the same error (which names the unit, not the first build's folder); the compiler runs
+    once."""
+    (tmp_path / "cxx").write_text(FAKE_CXX)
+    (tmp_path / "cxx").chmod(0o755)
+    calls = tmp_path / "calls"
+    monkeypatch.setenv("CALLS", str(calls))
+    monkeypatch.delenv(compile_steps.SLOTS_ENV, raising=False)
+    broken = MAIN_CPP + "// BROKEN\n"
+    with pytest.raises(compile_steps.StepError, match="error: 'nope'"):
+        _host_step(tmp_path, "one", "dp_" + "a" * 24, broken)
+    with pytest.raises(compile_steps.StepError) as second:
+        _host_step(tmp_path, "two", "dp_" + "b" * 24, broken)
+    assert "main.cpp:1:1: error: 'nope'" in str(second.value)
+    assert str(tmp_path / "one") not in str(second.value)  # the unit by its name, no folder
+    assert calls.read_text().count("call") == 1
+
+
+@pytest.mark.skipif(shutil.which("c++") is None, reason="needs a C++ compiler")
+def test_a_shared_main_cpp_object_is_byte_for_byte_its_own_compile(tmp_path, monkeypatch):
+    """With a real compiler and pybind11: the object a build takes from another build's
+    compile (its name written over the placeholder) is byte for byte the one its own
+    compile of the same command makes."""
+    import sysconfig
+
+    from dicepipe.harness.build import builder
+    from torch.utils import cpp_extension
+
+    monkeypatch.delenv(compile_steps.SLOTS_ENV, raising=False)
+    text = ("#include <pybind11/pybind11.h>\nint twice(int x) { return 2 * x; }\n"
+            "PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) { m.def(\"twice\", &twice); }\n")
+    include = os.path.join(cpp_extension._TORCH_PATH, "include")
+    flags = f"-I{include} -I{sysconfig.get_paths()['include']} -fPIC -std=c++17"
+    objects = {}
+    for folder_name, name in (("one", "dp_" + "1" * 24), ("two", "dp_" + "2" * 24)):
+        folder = tmp_path / folder_name
+        folder.mkdir()
+        (folder / "main.cpp").write_text(text)
+        step = {"rule": "compile", "out": "main.o", "in": [str(folder / "main.cpp")],
+                "command": f"c++ {flags} -DTORCH_EXTENSION_NAME={name} "
+                           f"-c {folder / 'main.cpp'} -o main.o"}
+        note = builder.compile_host_object(step, folder, tmp_path / "cache", [], name, text)
+        objects[folder_name] = (folder / "main.o").read_bytes()
+        assert note == ("host-object:made" if folder_name == "one" else "host-object:shared")
+    own = tmp_path / "own"
+    own.mkdir()
+    (own / "main.cpp").write_text(text)
+    subprocess.run(f"c++ {flags} -DTORCH_EXTENSION_NAME={'dp_' + '2' * 24} -c main.cpp "
+                   "-o main.o", shell=True, cwd=own, check=True)
+    assert objects["two"] == (own / "main.o").read_bytes()
+    assert b"PyInit_dp_" + b"2" * 24 in objects["two"]
+    assert b"ZZZZ" not in objects["two"]

@@ -35,6 +35,7 @@ from .compile_steps import (
     holding_line,
     recoverable,
     record_step,
+    replay_failure,
     run_command,
     run_measured,
     run_steps,
@@ -183,17 +184,17 @@ def _run_build(spec: dict, name: str, sources: list[str], folder: Path, with_cud
                 source.write_text(minimal)  # the same line count
                 try:
                     with recoverable():  # its failure is not the build's: as written next
-                        run_command(step["command"], folder, cache, log, step="host")
-                    return ",".join(n for n in ("host:minimal-headers", header) if n)
+                        shared = compile_host_object(step, folder, cache, log, name, minimal)
+                    return ",".join(n for n in ("host:minimal-headers", header, shared) if n)
                 except StepError as exc:
                     log.append(f"main.cpp with minimal headers failed; as written: {exc}")
                 finally:
                     source.write_text(text)
             with holding_line(full_only):  # likely to fail: its cuda unit waits, PCH wait too
                 note = before_compile(step)
-            run_command(step["command"], folder, cache, log, step="host")
+                shared = compile_host_object(step, folder, cache, log, name, text)
             full = "host:full-headers" if minimal or full_only else None
-            return ",".join(n for n in (note, full) if n)
+            return ",".join(n for n in (note, full, shared) if n)
 
         def cuda_compile(step: dict, log: list[str]) -> str:
             return compile_cuda(step, folder, cache, log, light_headers, minimal_headers)
@@ -206,6 +207,100 @@ def _run_build(spec: dict, name: str, sources: list[str], folder: Path, with_cud
         return {"ok": False, "log_tail": "the build produced no module file",
                 "pch": ",".join(notes)}
     return {"ok": True, "log_tail": "", "pch": ",".join(sorted(notes))}
+
+
+# main.cpp objects shared between builds (SHARE_HOST_OBJECTS). A build's main.cpp is the
+# candidate's cpp_sources and bindings: rollouts of one task, which differ in their kernels,
+# mostly write the same declarations (the template author's 48 builds have 4 main.cpp texts),
+# and a main.cpp costs 4 CPU-s against its precompiled prelude (pybind11's code, at -O0).
+# The object depends on the text, the command and the module's name (TORCH_EXTENSION_NAME,
+# one per build): it is compiled once with a placeholder name of the same length into the
+# cache, and each build takes a copy with its own name written over the placeholder, which
+# is the object a compile with that name makes (tests/test_harness_build_steps.py checks it
+# byte for byte). A compiler error is shared too. Off: every build compiles its main.cpp
+# (what bench/build_breakdown.py's `no-shared-host` variant measures).
+SHARE_HOST_OBJECTS = True
+# what makes the object depend on more than the text and the command: the file's own path
+# or the time, a file beside it (a relative quoted include, a computed one; an absolute one,
+# as of the minimal prelude, names the same file in every build), the name used otherwise
+_UNSHAREABLE = re.compile(r'__FILE__|__BASE_FILE__|__FILE_NAME__|__DATE__|__TIME__|'
+                          r'__TIMESTAMP__|#\s*(?:include|include_next|import|embed)\b(?!\s*(?:<|"/))|'
+                          r'__has_include(?:_next)?\s*\(\s*(?!<|"/)')
+_MODULE_BLOCK = re.compile(r"\bPYBIND11_MODULE\s*\(\s*TORCH_EXTENSION_NAME\s*,")
+
+
+def _placeholder_name(name: str) -> str:
+    """A stand-in module name of the same length that no build key can spell (keys are hex)."""
+    return name[:3] + "Z" * (len(name) - 3)
+
+
+def host_object_shareable(text: str) -> bool:
+    """Whether a main.cpp's object depends only on its text and command (and its name only
+    through PYBIND11_MODULE)."""
+    uses = len(re.findall(r"\bTORCH_EXTENSION_NAME\b", text))
+    return not _UNSHAREABLE.search(text) and uses == len(_MODULE_BLOCK.findall(text))
+
+
+def compile_host_object(step: dict, folder: Path, cache: Path, log: list[str], name: str,
+                        text: str) -> str:
+    """Compile main.cpp (`text` is what the file holds now), or take the object another build
+    made of the same text and command (see SHARE_HOST_OBJECTS); returns a note."""
+    command, source, out = step["command"], step["in"][0] if step["in"] else "", step["out"]
+    flag = f"-DTORCH_EXTENSION_NAME={name}"
+    placeholder = _placeholder_name(name)
+    shared = command.replace(flag, f"-DTORCH_EXTENSION_NAME={placeholder}")
+    if source:  # the unit by its name (the build runs in its folder): no per-build path
+        shared = re.sub(re.escape(source) + r"(?=\s|$)", Path(source).name, shared)
+    if (not SHARE_HOST_OBJECTS or not name.startswith("dp_") or command.count(flag) != 1
+            or Path(out).is_absolute() or str(folder) in shared
+            or str(folder.resolve()) in shared or not host_object_shareable(text)):
+        run_command(command, folder, cache, log, step="host")
+        return ""
+    key = hashlib.sha256(json.dumps([shared, text]).encode()).hexdigest()[:32]
+    entry = cache / "host-objects" / key[:2] / key
+    entry.parent.mkdir(parents=True, exist_ok=True)
+    obj = folder / out
+    note = _take_host_object(entry, obj, placeholder, name, folder, log)
+    if note:
+        return note
+    with open(entry.with_suffix(".lock"), "w") as lock:
+        wait_for_lock(lock)  # another build compiling it: its cuda unit goes ahead meanwhile
+        note = _take_host_object(entry, obj, placeholder, name, folder, log)
+        if note:
+            return note
+        try:
+            run_command(shared, folder, cache, log, step="host")
+        except StepError as exc:
+            message = str(exc)
+            # a compiler's own error (exit 1, a diagnostic), not a killed or crashed one
+            if message.startswith("command failed (exit 1)") and " error: " in message:
+                _write_atomic(entry.with_suffix(".fail"),
+                              message.replace(str(folder), "{build}").encode())
+            raise
+        data = obj.read_bytes()
+        _write_atomic(entry.with_suffix(".o"), data)
+        obj.write_bytes(data.replace(placeholder.encode(), name.encode()))
+        return "host-object:made"
+
+
+def _take_host_object(entry: Path, obj: Path, placeholder: str, name: str, folder: Path,
+                      log: list[str]) -> str:
+    start = time.monotonic()
+    made = entry.with_suffix(".o")
+    if made.is_file():
+        obj.write_bytes(made.read_bytes().replace(placeholder.encode(), name.encode()))
+        record_step("host:shared", time.monotonic() - start, 0.0)
+        return "host-object:shared"
+    failed = entry.with_suffix(".fail")
+    if failed.is_file():
+        replay_failure("host:shared", failed.read_text().replace("{build}", str(folder)), log)
+    return ""
+
+
+def _write_atomic(path: Path, data: bytes) -> None:
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+    tmp.write_bytes(data)
+    os.replace(tmp, path)
 
 
 def _check_bindings(step: dict, source: Path, text: str, ninja_file: Path, folder: Path,
@@ -318,6 +413,12 @@ def _ensure_pch(ninja_file: Path, pch_dir: Path, cache: Path) -> str:
         return "pch:built"
 
 
+# A main.cpp whose minimal prelude's precompiled header another builder is making waits for
+# it (its cuda unit goes ahead meanwhile); off: it compiles plainly at once, as before session
+# 17 (what bench/build_breakdown.py's `no-prelude-wait` variant measures)
+WAIT_FOR_PRELUDE_PCH = True
+
+
 def _ensure_prelude_pch(header: Path | None, ninja_file: Path, cache: Path) -> str:
     """Precompile a minimal prelude (preludes.py) with this build's flags, once per flag set.
 
@@ -325,9 +426,11 @@ def _ensure_prelude_pch(header: Path | None, ninja_file: Path, cache: Path) -> s
     uses the first file in it made with matching options: one file a flag set, so builds
     with other flags share the folder. It is made the second time a (prelude, flags) pair is
     used: the first build compiles plainly, so a prelude used once costs no header. A build
-    that finds another builder making it compiles plainly too (main.cpp against its prelude
-    takes seconds: waiting would idle the build, and its cuda unit waits for main.cpp); a
-    failed one is not tried again."""
+    that finds another builder making it waits for it (WAIT_FOR_PRELUDE_PCH), holding no CPU
+    slot: its main.cpp leaves the line (compile_steps.HostFirst), so its cuda unit compiles
+    meanwhile, and main.cpp then takes 3-4 CPU-s against the header instead of 7-9 plainly
+    (session 16, H200: 14 such units in a cold 48-build run). Off, it compiles plainly at
+    once ("prelude-pch:busy"). A failed header is not tried again."""
     if header is None or not header.is_file():
         return ""
     cflags = _ninja_variable(ninja_file, "cflags")
@@ -347,12 +450,16 @@ def _ensure_prelude_pch(header: Path | None, ninja_file: Path, cache: Path) -> s
         return "prelude-pch:first-seen"
     folder.mkdir(exist_ok=True)
     with open(header.with_name(f"{header.name}.{digest}.lock"), "w") as lock:
-        try:  # another builder making it: compile plainly rather than wait (a few seconds
-            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)  # more, no idle build)
-        except BlockingIOError:
-            return "prelude-pch:busy"
+        waited = False
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:  # another builder is making it
+            if not WAIT_FOR_PRELUDE_PCH:
+                return "prelude-pch:busy"
+            wait_for_lock(lock)
+            waited = True
         if target.is_file():
-            return "prelude-pch:hit"
+            return "prelude-pch:waited" if waited else "prelude-pch:hit"
         if failed.is_file():
             return "prelude-pch:failed-before"
         tmp = header.with_name(f"{header.name}.{digest}.{os.getpid()}.tmp")

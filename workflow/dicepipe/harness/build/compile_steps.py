@@ -400,6 +400,17 @@ def run_commands(commands: list[tuple[str, str]], cwd: Path, cache: Path, log: l
     return "\n".join(outputs)
 
 
+def replay_failure(step: str, message: str, log: list[str]) -> None:
+    """Fail as run_commands fails, for a command whose failure is already known (a compiler
+    error cached by an earlier build): recorded, the build's other units stopped (unless
+    recoverable), its message logged, StepError raised."""
+    record_step(step, 0.0, 0.0, False)
+    if getattr(_local, "cancel", None) is not None and not getattr(_local, "recoverable", False):
+        _local.cancel.set()
+    log.append(message)
+    raise StepError(message)
+
+
 def run_steps(ninja_file: Path, cache: Path, before_compile=None, cuda_compile=None,
               steps: list | None = None, host_compile=None) -> list[str]:
     """Every compile step in parallel, then the link. Returns notes (e.g. header use).
