@@ -537,10 +537,14 @@ def test_a_main_cpp_waits_for_the_prelude_header_another_builder_is_making(tmp_p
 
 FAKE_CXX = """#!/bin/sh
 # a stand-in compiler: the object is the module name it was given and the source's text
+if [ "$1" = --version ]; then echo "fake-cxx 1.0"; exit 0; fi
 echo call >> "$CALLS"
 for a; do case "$a" in -DTORCH_EXTENSION_NAME=*) name="${a#*=}";; esac; done
 while [ $# -gt 0 ]; do case "$1" in -c) src="$2"; shift;; -o) out="$2"; shift;; esac; shift; done
 if grep -q BROKEN "$src"; then echo "$src:1:1: error: 'nope' was not declared" >&2; exit 1; fi
+if grep -q STARVED "$src"; then
+  echo "cc1plus: fatal error: error writing to /tmp/cc.s: No space left on device" >&2; exit 1
+fi
 { echo "module $name"; cat "$src"; } > "$out"
 """
 
@@ -599,7 +603,7 @@ def test_builds_share_one_main_cpp_object_under_their_own_names(tmp_path, monkey
 def test_a_main_cpp_compiler_error_is_shared_with_the_next_build(tmp_path, monkeypatch):
     """A main.cpp that does not compile fails the next build of the same text at once, with
     the same error (which names the unit, not the first build's folder); the compiler runs
-    once."""
+    once. A compiler that failed for want of disk is asked again."""
     (tmp_path / "cxx").write_text(FAKE_CXX)
     (tmp_path / "cxx").chmod(0o755)
     calls = tmp_path / "calls"
@@ -613,6 +617,12 @@ def test_a_main_cpp_compiler_error_is_shared_with_the_next_build(tmp_path, monke
     assert "main.cpp:1:1: error: 'nope'" in str(second.value)
     assert str(tmp_path / "one") not in str(second.value)  # the unit by its name, no folder
     assert calls.read_text().count("call") == 1
+    # a compiler that could not write its output says nothing of the text: not shared
+    starved = MAIN_CPP + "// STARVED\n"
+    for k in range(2):
+        with pytest.raises(compile_steps.StepError, match="No space left"):
+            _host_step(tmp_path, f"starved{k}", "dp_" + "c" * 24, starved)
+    assert calls.read_text().count("call") == 3
 
 
 @pytest.mark.skipif(shutil.which("c++") is None, reason="needs a C++ compiler")

@@ -17,6 +17,7 @@ builder making it waits for it rather than parse torch's headers itself.
 from __future__ import annotations
 
 import fcntl
+import functools
 import hashlib
 import inspect
 import json
@@ -256,7 +257,8 @@ def compile_host_object(step: dict, folder: Path, cache: Path, log: list[str], n
             or str(folder.resolve()) in shared or not host_object_shareable(text)):
         run_command(command, folder, cache, log, step="host")
         return ""
-    key = hashlib.sha256(json.dumps([shared, text]).encode()).hexdigest()[:32]
+    key = hashlib.sha256(json.dumps([shared, text, _toolchain_identity(shared)]).encode()
+                         ).hexdigest()[:32]
     entry = cache / "host-objects" / key[:2] / key
     entry.parent.mkdir(parents=True, exist_ok=True)
     obj = folder / out
@@ -272,8 +274,10 @@ def compile_host_object(step: dict, folder: Path, cache: Path, log: list[str], n
             run_command(shared, folder, cache, log, step="host")
         except StepError as exc:
             message = str(exc)
-            # a compiler's own error (exit 1, a diagnostic), not a killed or crashed one
-            if message.startswith("command failed (exit 1)") and " error: " in message:
+            # the compiler's verdict on the text (exit 1, an error at a line of a file), not
+            # a killed, crashed or starved compiler: only that one is the next build's too
+            if (message.startswith("command failed (exit 1)") and _LOCATED_ERROR.search(message)
+                    and not _TRANSIENT.search(message)):
                 _write_atomic(entry.with_suffix(".fail"),
                               message.replace(str(folder), "{build}").encode())
             raise
@@ -281,6 +285,36 @@ def compile_host_object(step: dict, folder: Path, cache: Path, log: list[str], n
         _write_atomic(entry.with_suffix(".o"), data)
         obj.write_bytes(data.replace(placeholder.encode(), name.encode()))
         return "host-object:made"
+
+
+_LOCATED_ERROR = re.compile(r"^[^\s:]+:\d+:(?:\d+:)? (?:fatal )?error: ", re.MULTILINE)
+_TRANSIENT = re.compile(r"No space left|Cannot allocate memory|virtual memory exhausted|"
+                        r"internal compiler error|Killed signal|error writing to")
+
+
+@functools.lru_cache(maxsize=8)
+def _toolchain_identity(command: str) -> str:
+    """What the object also depends on beyond the command's text: the compiler binary it
+    names (resolved, with its size and time) and its version, and the torch whose headers
+    it includes by path (a reinstalled torch or compiler makes other objects)."""
+    import torch
+
+    try:
+        compiler = shutil.which(shlex.split(command)[0]) or ""
+    except (ValueError, IndexError):
+        compiler = ""
+    parts = [torch.__version__, str(getattr(torch.version, "git_version", "")),
+             os.path.dirname(torch.__file__)]
+    if compiler:
+        real = os.path.realpath(compiler)
+        stat = os.stat(real)
+        parts += [real, str(stat.st_size), str(stat.st_mtime_ns)]
+        try:
+            parts.append(subprocess.run([compiler, "--version"], capture_output=True,
+                                        text=True, timeout=30, check=False).stdout)
+        except (OSError, subprocess.SubprocessError):
+            parts.append("?")
+    return "\n".join(parts)
 
 
 def _take_host_object(entry: Path, obj: Path, placeholder: str, name: str, folder: Path,
