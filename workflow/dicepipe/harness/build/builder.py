@@ -254,7 +254,8 @@ def compile_host_object(step: dict, folder: Path, cache: Path, log: list[str], n
         shared = re.sub(re.escape(source) + r"(?=\s|$)", Path(source).name, shared)
     if (not SHARE_HOST_OBJECTS or not name.startswith("dp_") or command.count(flag) != 1
             or Path(out).is_absolute() or str(folder) in shared
-            or str(folder.resolve()) in shared or not host_object_shareable(text)):
+            or str(folder.resolve()) in shared or placeholder in text
+            or not host_object_shareable(text)):
         run_command(command, folder, cache, log, step="host")
         return ""
     key = hashlib.sha256(json.dumps([shared, text, _toolchain_identity(shared)]).encode()
@@ -288,8 +289,10 @@ def compile_host_object(step: dict, folder: Path, cache: Path, log: list[str], n
 
 
 _LOCATED_ERROR = re.compile(r"^[^\s:]+:\d+:(?:\d+:)? (?:fatal )?error: ", re.MULTILINE)
+# ... nor one whose precompiled header was at fault (the build is tried again without it)
 _TRANSIENT = re.compile(r"No space left|Cannot allocate memory|virtual memory exhausted|"
-                        r"internal compiler error|Killed signal|error writing to")
+                        r"internal compiler error|Killed signal|error writing to|\.gch\b|"
+                        r"precompiled header")
 
 
 @functools.lru_cache(maxsize=8)
