@@ -6,8 +6,9 @@ through the harness's own build path (`builder.build_spec`, as BuildService's bu
 run it: CPU slots shared by all builders, host unit first, nvcc's phases run one by one, the
 precompiled host headers) into a fresh cache, `--workers` builder processes at a time over
 `--slots` CPU slots (default: twice as many builders as slots, as the harness runs cuda
-builds; sessions 14-16 ran 16 builders on 16 slots). Each build's status carries one record per compiler run (`steps`:
-wall and CPU seconds of the whole process tree, from wait4); the report sums them per phase:
+builds; sessions 14-16 ran 16 builders on 16 slots). Each build's status carries one
+record per compiler run (`steps`: wall and CPU seconds of the whole process tree, from
+wait4); the report sums them per phase:
 
   host:check        main.cpp up to its bindings, preprocessed: a bound name nothing declares
                     or a second module block fails the build here (preludes' binding check)
@@ -76,7 +77,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "workflow"))
 
 PHASES = ("host:check", "host", "host:shared", "cuda:dryrun", "cuda:preprocess", "cuda:cudafe",
-          "cuda:cicc", "cuda:ptxas", "cuda:fatbinary", "cuda:host-compile", "link", "pch:host", "pch:cuda-host")
+          "cuda:cicc", "cuda:ptxas", "cuda:fatbinary", "cuda:host-compile", "link", "pch:host",
+          "pch:cuda-host")
 PCH_STEPS = ("pch:host", "pch:cuda-host")
 
 # name -> what it changes (applied in each builder process by _apply_variant)
@@ -226,6 +228,12 @@ def _init_builder(variant: str, slots: int, stub_dir: str, arch: str) -> None:
         pass
 
 
+# variants that turn one of the build's module switches off: (module, switch)
+_SWITCHED_OFF = {"no-slim-ops": ("nvcc_split", "SLIM_OPS"),
+                 "no-prelude-wait": ("builder", "WAIT_FOR_PRELUDE_PCH"),
+                 "no-shared-host": ("builder", "SHARE_HOST_OBJECTS")}
+
+
 def _build_one(item: dict, cache: str, use_pch: bool, light_headers: bool) -> dict:
     from dicepipe.harness.build.builder import build_spec
 
@@ -237,18 +245,11 @@ def _build_one(item: dict, cache: str, use_pch: bool, light_headers: bool) -> di
         light_headers = minimal_headers = False
     if _STATE["variant"] == "no-minimal-headers":
         minimal_headers = False
-    if _STATE["variant"] == "no-slim-ops":
-        from dicepipe.harness.build import nvcc_split
+    if _STATE["variant"] in _SWITCHED_OFF:
+        import importlib
 
-        nvcc_split.SLIM_OPS = False
-    if _STATE["variant"] == "no-prelude-wait":
-        from dicepipe.harness.build import builder
-
-        builder.WAIT_FOR_PRELUDE_PCH = False
-    if _STATE["variant"] == "no-shared-host":
-        from dicepipe.harness.build import builder
-
-        builder.SHARE_HOST_OBJECTS = False
+        module, flag = _SWITCHED_OFF[_STATE["variant"]]
+        setattr(importlib.import_module(f"dicepipe.harness.build.{module}"), flag, False)
     start = time.monotonic()
     status = build_spec(spec, item["key"], Path(cache), use_pch, light_headers, minimal_headers)
     return {"kernel": item["kernel"], "key": item["key"], "ok": bool(status.get("ok")),

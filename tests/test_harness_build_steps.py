@@ -551,17 +551,19 @@ fi
 MAIN_CPP = "#include <torch/extension.h>\nint f();\nPYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {}\n"
 
 
-def _host_step(tmp_path, folder_name: str, name: str, text: str):
+def _host_step(tmp_path, folder_name: str, name: str, text: str, compiler: str | None = None):
+    """compile_host_object on main.cpp = `text` in its own build folder, as torch's ninja
+    writes the command (default compiler: the stand-in `cxx` in tmp_path)."""
     from dicepipe.harness.build import builder
 
+    compiler = compiler or f"{tmp_path / 'cxx'} -MMD -MF main.o.d -fPIC"
     folder = tmp_path / folder_name
     folder.mkdir()
     (folder / "main.cpp").write_text(text)
     step = {"rule": "compile", "out": "main.o", "in": [str(folder / "main.cpp")],
-            "command": f"{tmp_path / 'cxx'} -MMD -MF main.o.d -DTORCH_EXTENSION_NAME={name} "
-                       f"-fPIC -c {folder / 'main.cpp'} -o main.o"}
-    log: list[str] = []
-    note = builder.compile_host_object(step, folder, tmp_path / "cache", log, name, text)
+            "command": f"{compiler} -DTORCH_EXTENSION_NAME={name} "
+                       f"-c {folder / 'main.cpp'} -o main.o"}
+    note = builder.compile_host_object(step, folder, tmp_path / "cache", [], name, text)
     return note, folder
 
 
@@ -632,7 +634,6 @@ def test_a_shared_main_cpp_object_is_byte_for_byte_its_own_compile(tmp_path, mon
     compile of the same command makes."""
     import sysconfig
 
-    from dicepipe.harness.build import builder
     from torch.utils import cpp_extension
 
     monkeypatch.delenv(compile_steps.SLOTS_ENV, raising=False)
@@ -644,13 +645,7 @@ def test_a_shared_main_cpp_object_is_byte_for_byte_its_own_compile(tmp_path, mon
     flags = f"-I{include} -I{sysconfig.get_paths()['include']} -fPIC -std=c++17"
     objects = {}
     for folder_name, name in (("one", "dp_" + "1" * 24), ("two", "dp_" + "2" * 24)):
-        folder = tmp_path / folder_name
-        folder.mkdir()
-        (folder / "main.cpp").write_text(text)
-        step = {"rule": "compile", "out": "main.o", "in": [str(folder / "main.cpp")],
-                "command": f"c++ {flags} -DTORCH_EXTENSION_NAME={name} "
-                           f"-c {folder / 'main.cpp'} -o main.o"}
-        note = builder.compile_host_object(step, folder, tmp_path / "cache", [], name, text)
+        note, folder = _host_step(tmp_path, folder_name, name, text, f"c++ {flags}")
         objects[folder_name] = (folder / "main.o").read_bytes()
         assert note == ("host-object:made" if folder_name == "one" else "host-object:shared")
     own = tmp_path / "own"
