@@ -41,6 +41,7 @@ from .compile_steps import (
     run_measured,
     run_steps,
     wait_for_lock,
+    write_atomic,
 )
 from .nvcc_split import compile_cuda
 from .preludes import (binding_block, binding_suspects, has_token, minimal_source,
@@ -279,11 +280,11 @@ def compile_host_object(step: dict, folder: Path, cache: Path, log: list[str], n
             # a killed, crashed or starved compiler: only that one is the next build's too
             if (message.startswith("command failed (exit 1)") and _LOCATED_ERROR.search(message)
                     and not _TRANSIENT.search(message)):
-                _write_atomic(entry.with_suffix(".fail"),
+                write_atomic(entry.with_suffix(".fail"),
                               message.replace(str(folder), "{build}").encode())
             raise
         data = obj.read_bytes()
-        _write_atomic(entry.with_suffix(".o"), data)
+        write_atomic(entry.with_suffix(".o"), data)
         obj.write_bytes(data.replace(placeholder.encode(), name.encode()))
         return "host-object:made"
 
@@ -332,12 +333,6 @@ def _take_host_object(entry: Path, obj: Path, placeholder: str, name: str, folde
     if failed.is_file():
         replay_failure("host:shared", failed.read_text().replace("{build}", str(folder)), log)
     return ""
-
-
-def _write_atomic(path: Path, data: bytes) -> None:
-    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-    tmp.write_bytes(data)
-    os.replace(tmp, path)
 
 
 def _check_bindings(step: dict, source: Path, text: str, ninja_file: Path, folder: Path,

@@ -386,9 +386,8 @@ def run_commands(commands: list[tuple[str, str]], cwd: Path, cache: Path, log: l
                                                                  cancellable=True)
             record_step(step, wall, cpu, returncode == 0, wait_s)
             wait_s = 0.0
-            if returncode != 0 and getattr(_local, "cancel", None) is not None \
-                    and not getattr(_local, "recoverable", False):
-                _local.cancel.set()  # before the slot is free: no sibling starts after a failure
+            if returncode != 0:
+                _stop_siblings()  # before the slot is free: no sibling starts after a failure
             output = (stdout + stderr).strip()
             if output:
                 log.append(output)
@@ -405,10 +404,26 @@ def replay_failure(step: str, message: str, log: list[str]) -> None:
     error cached by an earlier build): recorded, the build's other units stopped (unless
     recoverable), its message logged, StepError raised."""
     record_step(step, 0.0, 0.0, False)
-    if getattr(_local, "cancel", None) is not None and not getattr(_local, "recoverable", False):
-        _local.cancel.set()
+    _stop_siblings()
     log.append(message)
     raise StepError(message)
+
+
+def _stop_siblings() -> None:
+    """A unit of this build failed: its other units stop, unless the failure is recoverable
+    (a minimal-header try the unit repeats as written)."""
+    if getattr(_local, "cancel", None) is not None and not getattr(_local, "recoverable", False):
+        _local.cancel.set()
+
+
+def write_atomic(path: Path, data: bytes | str) -> None:
+    """Write `path` whole or not at all (a reader in another builder never sees half)."""
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+    if isinstance(data, str):
+        tmp.write_text(data)
+    else:
+        tmp.write_bytes(data)
+    os.replace(tmp, path)
 
 
 def run_steps(ninja_file: Path, cache: Path, before_compile=None, cuda_compile=None,

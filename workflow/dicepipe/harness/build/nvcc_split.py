@@ -44,6 +44,7 @@ from .compile_steps import (
     run_commands,
     run_measured,
     wait_for_lock,
+    write_atomic,
 )
 from .preludes import (NEEDS_ALL, minimal_source, only_missing_declarations,
                        slim_conflicts, slim_originals)
@@ -363,9 +364,7 @@ def _ensure_header(header_dir: Path, prefix: str, base: list[str], folder: Path,
         if (header_dir / "failed").is_file():
             return "failed-before"
         header = header_dir / "prefix.h"
-        tmp_header = header_dir / f"prefix.h.{os.getpid()}"
-        tmp_header.write_text(prefix)
-        os.replace(tmp_header, header)
+        write_atomic(header, prefix)
         tmp = header_dir / f"prefix.h.gch.{os.getpid()}"
         cmd = [a for a in base if a != "-c"]
         for k in range(len(cmd) - 1):
