@@ -10,8 +10,13 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-WORKFLOW_FILES = ["Snakefile", "dvc.yaml", "params.yaml", ".dvcignore", "workflow", "profiles", "envs",
-                  "data/kernelbench", "data/baselines"]
+WORKFLOW_FILES = ["Snakefile", "dvc.yaml", "real", "params.yaml", ".dvcignore", "workflow", "profiles",
+                  "envs", "data/kernelbench", "data/baselines"]
+# The pipeline's DVC files (dvc.yaml's header): the default chain, which a target-less
+# `dvc repro` runs, and the real scales, addressed as real/dvc.yaml:<stage>.
+DEFAULT_DVC_FILE = "dvc.yaml"
+REAL_DVC_FILE = "real/dvc.yaml"
+DVC_FILES = (DEFAULT_DVC_FILE, REAL_DVC_FILE)
 # DVC's first stage validates params.yaml before any stage deletes its outputs (the Snakefile
 # validates while parsing, so Snakemake needs no such job); the root stages depend on it.
 DVC_ONLY_STAGES = {"check_params"}
@@ -25,6 +30,10 @@ class StageRecord:
     deps: frozenset
     outs: frozenset
     params: frozenset
+    # DVC only: the file holding the stage and the address DVC names it by
+    # (`evaluate@tiny`, `real/dvc.yaml:evaluate@8b`)
+    dvcfile: str = ""
+    address: str = ""
 
 
 def copy_workflow(repo_root: Path, dest: Path) -> Path:
@@ -123,28 +132,52 @@ def snakemake_records(workdir: Path, targets: list[str]) -> dict[str, StageRecor
 
 
 def dvc_records(workdir: Path) -> dict[str, StageRecord]:
+    """Every stage of every dvc.yaml in `workdir`, by name (`evaluate@8b`, whichever file
+    holds it), its paths relative to the repository root (a stage's own are relative to its
+    wdir: `..` in real/dvc.yaml)."""
     from dvc.dependency.param import ParamsDependency
     from dvc.repo import Repo
 
     records = {}
     with _cwd(workdir):
         repo = Repo(".")
+        root = Path(repo.root_dir)
+
+        def rel(path: str) -> str:
+            return Path(os.path.relpath(path, root)).as_posix()
+
         for stage in repo.index.stages:
             params, deps = set(), set()
             for dep in stage.deps:
                 if isinstance(dep, ParamsDependency):
+                    assert rel(dep.fs_path) == "params.yaml", (stage.addressing, dep.fs_path)
                     params.update(dep.params)
                 else:
-                    deps.add(dep.def_path)
-            records[stage.addressing] = StageRecord(
-                name=stage.addressing,
+                    deps.add(rel(dep.fs_path))
+            assert stage.name not in records, f"{stage.addressing}: a second stage of that name"
+            records[stage.name] = StageRecord(
+                name=stage.name,
                 cmd=" ".join(stage.cmd.split()),
                 deps=frozenset(deps),
-                outs=frozenset(o.def_path for o in stage.outs),
+                outs=frozenset(rel(o.fs_path) for o in stage.outs),
                 params=frozenset(params),
+                dvcfile=rel(stage.path),
+                address=stage.addressing,
             )
         repo.close()
     return records
+
+
+def dvc_plan(workdir: Path, targets: list[str] | None = None, glob: bool = False) -> list[str]:
+    """The stages `dvc repro [targets]` would reproduce, in order, by address: DVC's own
+    planning (dvc.repo.reproduce), which with no target collects ./dvc.yaml's stages, as a
+    target-less `dvc repro` and `dvc exp run` do, and adds what they depend on."""
+    from dvc.repo import Repo
+    from dvc.repo.reproduce import collect_stages, get_active_graph, plan_repro
+
+    with _cwd(workdir), Repo(".") as repo:
+        stages = collect_stages(repo, targets or [DEFAULT_DVC_FILE], glob=glob)
+        return [s.addressing for s in plan_repro(get_active_graph(repo.index.graph), stages)]
 
 
 def deps_match(snake_inputs: frozenset, dvc_deps: frozenset) -> list[str]:

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from dag_tools import DVC_FILES
 from dicepipe.config import stage_settings
 from dicepipe.errors import ConfigError, SourceError
 from dicepipe.evaluation.literature import (
@@ -215,7 +216,11 @@ def test_paper_table_key_is_tracked_by_both_runners(repo_root, params):
     """Every scale's paper_table lives under evaluate.defaults / evaluate.overrides.<scale>,
     which the evaluate stage tracks in dvc.yaml and in its Snakemake rule; the tables file
     is an input of both (a DVC folder dep covers it)."""
-    dvc = yaml.safe_load((repo_root / "dvc.yaml").read_text())["stages"]["evaluate"]["do"]
+    # the same evaluate in dvc.yaml (tiny) and real/dvc.yaml (the scales with paper tables)
+    default, real = [yaml.safe_load((repo_root / name).read_text())["stages"]["evaluate"]["do"]
+                     for name in DVC_FILES]
+    assert {k: v for k, v in real.items() if k != "wdir"} == default
+    dvc = default
     assert {"evaluate.defaults", "evaluate.overrides.${key}"} <= set(dvc["params"])
     rule = (repo_root / "workflow/rules/evaluate.smk").read_text()
     tracked = re.search(r"tracked=tracked\((.*?)\)", rule, re.DOTALL)[1]

@@ -1,8 +1,8 @@
 """Every stage tracks every params key it reads (issue 24): the keys its code reads, found by
 tests/params_reads.py from `run(args, params)` through the stage's import closure, are all
-covered by the keys its dvc.yaml stage lists under `params:` (tests/test_parity.py keeps the
-Snakemake rule's `tracked(...)` equal to those). A stage that starts reading another key fails
-here until both runners track it."""
+covered by the keys its DVC stage lists under `params:`, in dvc.yaml and real/dvc.yaml alike
+(tests/test_parity.py keeps the Snakemake rule's `tracked(...)` equal to those). A stage that
+starts reading another key fails here until both runners track it."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from dag_tools import DVC_FILES
 from params_reads import STAR, ParamsReads, covered, dotted, schema_holds
 
 # Never tracked by design: where and how fast harness rows are made (harness.run) and what a
@@ -70,12 +71,13 @@ def untracked_reads(package_dir: Path, dvc_yaml: Path) -> list[str]:
 @pytest.fixture(scope="module")
 def shipped_reads(repo_root):
     scan = ParamsReads(repo_root / "workflow" / "dicepipe")
-    return {stage: scan.stage(module)
-            for stage, (module, _) in dvc_tracking(repo_root / "dvc.yaml").items()}
+    return {stage: scan.stage(module) for name in DVC_FILES
+            for stage, (module, _) in dvc_tracking(repo_root / name).items()}
 
 
-def test_every_stage_tracks_every_key_it_reads(repo_root):
-    problems = untracked_reads(repo_root / "workflow" / "dicepipe", repo_root / "dvc.yaml")
+@pytest.mark.parametrize("dvc_file", DVC_FILES)
+def test_every_stage_tracks_every_key_it_reads(repo_root, dvc_file):
+    problems = untracked_reads(repo_root / "workflow" / "dicepipe", repo_root / dvc_file)
     assert not problems, "\n".join(problems)
 
 

@@ -1,5 +1,8 @@
 """Snakemake and DVC describe the same DAG: same stages, commands, inputs, outputs and
-params, for every scale. Later stages add their rule to both files; this keeps them honest."""
+params, for every scale. Later stages add their rule to both runners; this keeps them honest.
+DVC's stages lie in two files (dvc.yaml's header): dvc.yaml, the default chain that plain
+`snakemake` builds and a target-less `dvc repro` runs, and real/dvc.yaml, the real scales;
+the records below are of both, and the split is checked against params.yaml."""
 
 from __future__ import annotations
 
@@ -11,12 +14,15 @@ import pytest
 import yaml
 
 from dag_tools import (
+    DEFAULT_DVC_FILE,
     DVC_ONLY_DEPS,
     DVC_ONLY_STAGES,
+    REAL_DVC_FILE,
     acquired_folder,
     closure_problems,
     copy_workflow,
     deps_match,
+    dvc_plan,
     dvc_records,
     snakemake_records,
 )
@@ -108,10 +114,89 @@ def test_profiles_and_envs_parse(repo_root):
 
 
 def test_dvc_dag_lists_same_stages_as_stage_list(workspace, dvc_stages):
+    """`dvc dag` plans both files as one DAG."""
     result = subprocess.run([sys.executable, "-m", "dvc", "dag", "--dot"], cwd=workspace,
                             capture_output=True, text=True, check=True)
-    for name in dvc_stages:
-        assert f'"{name}"' in result.stdout
+    for record in dvc_stages.values():
+        assert f'"{record.address}"' in result.stdout
+    assert {r.dvcfile for r in dvc_stages.values()} == {DEFAULT_DVC_FILE, REAL_DVC_FILE}
+
+
+def test_plain_dvc_repro_runs_what_plain_snakemake_runs(workspace, dvc_stages):
+    """A target-less `dvc repro` / `dvc exp run` collects dvc.yaml's stages (DVC's
+    PROJECT_FILE) and what they depend on: exactly plain `snakemake`'s jobs (check_params
+    aside), every one in dvc.yaml, no acquire@ among them (a fresh clone fetches nothing)."""
+    snake = snakemake_records(workspace, [])  # no target: `rule all`
+    plan = dvc_plan(workspace)
+    assert plan[0] == "check_params"
+    assert set(plan) == set(snake) | DVC_ONLY_STAGES, sorted(set(plan) ^ set(snake))
+    assert {n for n, r in dvc_stages.items() if r.dvcfile == DEFAULT_DVC_FILE} == set(plan)
+    assert not [n for n in plan if n.startswith("acquire@")], plan
+
+
+@pytest.mark.parametrize("scale", ["1p7b", "4b", "8b"])
+def test_one_dvc_command_runs_a_real_scale_as_snakemake_does(workspace, scale):
+    """A real scale is one command: `dvc repro real/dvc.yaml:evaluate@<s>` (its table, what
+    `snakemake -- results/kernelbench_<s>.csv` runs), and `dvc repro --glob
+    'real/dvc.yaml:*@<s>'` (every stage of the scale, as `rule all` for a default scale)."""
+    params = yaml.safe_load((workspace / "params.yaml").read_text())
+    table = snakemake_records(workspace, [f"results/kernelbench_{scale}.csv"])
+    plan = dvc_plan(workspace, [f"{REAL_DVC_FILE}:evaluate@{scale}"])
+    assert {p.split(":")[-1] for p in plan} == set(table) | DVC_ONLY_STAGES
+    everything = snakemake_records(workspace, _scale_targets(params, scale))
+    plan = dvc_plan(workspace, [f"{REAL_DVC_FILE}:*@{scale}"], glob=True)
+    assert {p.split(":")[-1] for p in plan} == set(everything) | DVC_ONLY_STAGES
+
+
+def _foreach_keys(spec: dict, section: str) -> list[str]:
+    """A foreach's keys, each of whose entries must be params.yaml's own (`${section.key}`)."""
+    each = spec["foreach"]
+    assert isinstance(each, dict), spec["foreach"]
+    assert all(value == f"${{{section}.{key}}}" for key, value in each.items()), each
+    return list(each)
+
+
+def test_the_dvc_files_split_params_as_default_scales_says(repo_root):
+    """DVC's foreach cannot filter, so each file names its keys (dvc.yaml's header): dvc.yaml
+    the default scales and the corpora and benchmarks they read, real/dvc.yaml every other
+    scale, corpus and benchmark and every acquire entry; each entry read from params.yaml."""
+    params = yaml.safe_load((repo_root / "params.yaml").read_text())
+    default = list(params["default_scales"])
+    used = {"corpora": {params["scales"][s]["corpus"] for s in default},
+            "benchmarks": {params["scales"][s]["benchmark"] for s in default}}
+    wanted = {
+        DEFAULT_DVC_FILE: {"scales": set(default), **used},
+        REAL_DVC_FILE: {"scales": set(params["scales"]) - set(default),
+                        **{k: set(params[k]) - v for k, v in used.items()}},
+    }
+    section_of = {"ingest": "corpora", "verify_gather": "corpora", "augment": "corpora",
+                  "assemble": "corpora", "benchmark": "benchmarks"}
+    stages_of = {}
+    for name, want in wanted.items():
+        spec = yaml.safe_load((repo_root / name).read_text())
+        stages = spec["stages"]
+        stages_of[name] = set(stages)
+        for stage, body in stages.items():
+            if stage in ("check_params", "acquire"):
+                continue
+            if stage == "verify":
+                keys = body["matrix"]["corpus"]
+                assert body["matrix"]["shard"] == "${verify.shards}"
+                section = "corpora"
+            else:
+                section = section_of.get(stage, "scales")
+                keys = _foreach_keys(body, section)
+            assert set(keys) == want[section] and len(keys) == len(set(keys)), (name, stage, keys)
+        if name == REAL_DVC_FILE:
+            assert stages["acquire"]["foreach"] == "${acquire}"
+            # paths relative to the repository root, params read from its params.yaml
+            assert all((body.get("do", body)).get("wdir") == ".." for body in stages.values())
+            assert "../params.yaml" in spec["vars"]
+    root_vars = yaml.safe_load((repo_root / DEFAULT_DVC_FILE).read_text())["vars"]
+    real_vars = yaml.safe_load((repo_root / REAL_DVC_FILE).read_text())["vars"]
+    assert [v for v in real_vars if isinstance(v, dict)] == root_vars
+    # the same stages in both (check_params once, in dvc.yaml; acquire in real/dvc.yaml)
+    assert stages_of[DEFAULT_DVC_FILE] - {"check_params"} == stages_of[REAL_DVC_FILE] - {"acquire"}
 
 
 def test_dvc_deps_cover_every_module_each_stage_imports(workspace, dvc_stages):

@@ -1,7 +1,8 @@
 """Re-planning on a finished default run, without running a stage (issue 23, points 1-3).
 
 A copy of the workflow with the shipped seed data gets stand-in outputs for every stage of
-the tiny chain, recorded as finished by both runners (`snakemake --touch -F`, `dvc commit`).
+the default chain (plain `snakemake`'s jobs, dvc.yaml's stages), recorded as finished by both
+runners (`snakemake --touch -F`, `dvc commit`).
 Editing, adding or removing a corpus or benchmark file must then re-plan exactly the stages
 that read it (Snakemake dry run, `dvc status`); the README's experiment must reach only
 `check_params` and `assemble` onward; DVC's rewrite of params.yaml keeps every comment, and
@@ -19,7 +20,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from dag_tools import _cwd, copy_workflow, snakemake_records
+from dag_tools import DEFAULT_DVC_FILE, _cwd, copy_workflow, dvc_plan, snakemake_records
 
 TARGET = "results/kernelbench_tiny.csv"
 DOWNSTREAM_OF_INGEST = {"ingest": 1, "verify": 2, "verify_gather": 1, "assemble": 1, "sft": 1,
@@ -41,14 +42,15 @@ def _bin(name: str) -> str:
 
 @pytest.fixture(scope="module")
 def finished(repo_root, tmp_path_factory) -> Path:
-    """A git + DVC repository of the workflow whose tiny chain both runners record as run."""
+    """A git + DVC repository of the workflow whose default chain (`rule all`, dvc.yaml)
+    both runners record as run."""
     ws = copy_workflow(repo_root, tmp_path_factory.mktemp("finished"))
     for folder in ("data/seed", "data/baselines"):
         if (repo_root / folder).is_dir():
             shutil.copytree(repo_root / folder, ws / folder, dirs_exist_ok=True,
                             ignore=shutil.ignore_patterns("__pycache__"))
     shutil.copy2(repo_root / ".gitignore", ws / ".gitignore")
-    records = snakemake_records(ws, [TARGET])
+    records = snakemake_records(ws, [])  # no target: `rule all`
     for out in sorted({o for r in records.values() for o in r.outs} | {"data/checked/params.json"}):
         path = ws / out
         if path.suffix:  # stand-in files; stage outputs without a suffix are folders
@@ -59,12 +61,12 @@ def finished(repo_root, tmp_path_factory) -> Path:
             (path / "stand-in.txt").write_text(f"stand-in for {out}\n")
     _run(["git", "init", "-q"], ws)
     _run([_bin("dvc"), "init", "-q"], ws)
-    _run([_bin("snakemake"), "--touch", "-F", "--cores", "1", "--", TARGET], ws)
-    _run([_bin("dvc"), "commit", "--force", "--with-deps", "evaluate@tiny"], ws)
+    _run([_bin("snakemake"), "--touch", "-F", "--cores", "1"], ws)
+    _run([_bin("dvc"), "commit", "--force", DEFAULT_DVC_FILE], ws)
     _run(["git", "add", "-A"], ws)
     _run(["git", "commit", "-q", "-m", "finished default run"], ws)
     assert _snakemake_plan(ws) == {}, "the stand-in run is not up to date under Snakemake"
-    assert _dvc_changed(ws) == set()
+    assert _dvc_changed(ws) == _dvc_changed(ws, DEFAULT_DVC_FILE) == set()
     return ws
 
 
@@ -151,10 +153,10 @@ def _readme_commands(repo_root: Path, program: str) -> list[list[str]]:
 
 
 def test_readme_experiment_reaches_only_the_tiny_chain_from_assemble(repo_root, finished):
-    """The README's `dvc exp run -S` names a target whose stages fetch nothing (no acquire@),
-    and the changed value reaches check_params and assemble only (their outputs then re-run
-    what follows): applied with DVC's own params rewrite, on the finished run."""
-    from dvc.repo import Repo
+    """The README's `dvc exp run -S` plans stages that fetch nothing (no acquire@; without a
+    target: dvc.yaml's, the default chain), and the changed value reaches check_params and
+    assemble only (their outputs then re-run what follows), and provenance, which records
+    params.yaml: applied with DVC's own params rewrite, on the finished run."""
     from dvc.utils.hydra import apply_overrides
 
     commands = [c for c in _readme_commands(repo_root, "dvc exp run") if "-S" in c]
@@ -162,21 +164,16 @@ def test_readme_experiment_reaches_only_the_tiny_chain_from_assemble(repo_root, 
     for words in commands:
         overrides = [words[i + 1] for i, w in enumerate(words) if w == "-S"]
         targets = [w for w in words[3:] if not w.startswith("-") and w not in overrides]
-        assert targets, f"{' '.join(words)} runs every stage of every scale (acquire@* too)"
-        with _cwd(finished), Repo(".") as repo:
-            for target in targets:
-                stages = repo.index.graph
-                (stage,) = repo.stage.collect(target)
-                import networkx as nx
-
-                reached = {s.addressing for s in nx.descendants(stages, stage)} | {target}
-                assert not [s for s in reached if s.startswith("acquire@")], (target, reached)
+        planned = dvc_plan(finished, targets)
+        assert "assemble@seed" in planned
+        assert not [s for s in planned if "acquire@" in s], (targets, planned)
         params = finished / "params.yaml"
         original = params.read_text()
         try:
             apply_overrides(str(params), overrides)
-            for target in targets:
-                assert _dvc_changed(finished, target) == {"check_params", "assemble@seed"}
+            for target in targets or [DEFAULT_DVC_FILE]:
+                assert _dvc_changed(finished, target) == (
+                    {"check_params", "assemble@seed"} | ({"provenance@tiny"} & set(planned)))
         finally:
             params.write_text(original)
 
@@ -222,8 +219,9 @@ def test_readme_experiment_as_printed_keeps_comments_and_a_failure_restores(repo
     assert "||" in command, "a failed experiment would leave its value in params.yaml"
     params = finished / "params.yaml"
     original = params.read_text()
-    ok = command.replace("evaluate@tiny", "check_params")
-    assert ok != command
+    # its target, if any, replaced by check_params
+    ok = re.sub(r"( evaluate@tiny)? \|\|", " check_params ||", command, count=1)
+    assert ok != command and "check_params" in ok
     result = _run(ok.replace("dvc ", _bin("dvc") + " ", 1), finished, check=False)
     assert result.returncode == 0, result.stdout + result.stderr
     assert _comments(params.read_text()) == _comments(original)
