@@ -94,6 +94,31 @@ def _save(plt, fig, path: Path) -> None:
     plt.close(fig)
 
 
+def _share(value) -> float | None:
+    try:
+        return None if value in (None, "") else float(value)
+    except (TypeError, ValueError):
+        return None
+
+
+def empty_reason(row: Mapping) -> str:
+    """Why a summary row (a level, or all) has no correct kernel, in a few words: no task,
+    no code, nothing compiled, or nothing correct."""
+    tasks = int(_share(row.get("tasks")) or 0)
+    if tasks == 0:
+        failed = int(_share(row.get("reference_failed")) or 0)
+        return "no task scored" + (f"\n({failed} references failed)" if failed else "")
+    code, compiled = _share(row.get("with_code")), _share(row.get("compiled"))
+    if code == 0:
+        return f"no code written\n(0 of {tasks} tasks)"
+    if compiled == 0:
+        return f"code for {100 * code:.0f}% of {tasks} tasks,\nnone compiled" if code else \
+            "none compiled"
+    if compiled is not None:
+        return f"none correct\n({100 * compiled:.0f}% of {tasks} compiled)"
+    return "none correct"
+
+
 def plot_levels(summary: Sequence[Mapping], protocol: str, fast_p: Sequence[float], path: Path,
                 title: str) -> None:
     """Per level (and all): Exec and fast_p (point speedups), plain and robust verdicts."""
@@ -110,6 +135,13 @@ def plot_levels(summary: Sequence[Mapping], protocol: str, fast_p: Sequence[floa
         ax.bar(xs, values, width, label=f"{metric} ({verdict_name})",
                hatch="//" if verdict_name == "robust" else None, color=f"C{i % len(metrics)}",
                edgecolor="white")
+    for x, row in enumerate(summary):  # a level without a bar says why
+        if not any(row.get(f"{protocol}.{v}.{m}") for m, v in bars):
+            ax.text(x, 52, empty_reason(row), ha="center", va="center", fontsize=8,
+                    color="#8a2a0a")
+    if not summary:
+        ax.text(0.5, 0.5, "no task was scored", ha="center", va="center", transform=ax.transAxes,
+                color="#8a2a0a")
     ax.set_xticks(range(len(levels)), [f"level {lv}" if lv != "all" else "all" for lv in levels])
     ax.set_ylabel("% of tasks")
     ax.set_ylim(0, 105)
@@ -135,6 +167,16 @@ def plot_speedups(records: Sequence[Mapping], protocol: Protocol, path: Path, ti
     ax.set_yscale("log")
     if not points:
         ax.set_ylim(0.1, 10)
+        usable = [r for r in records if r.get("reference_ok")]
+        code = sum(1 for r in usable if r.get("has_code"))
+        compiled = sum(1 for r in usable if r.get("result") and r["result"].get("compiled"))
+        reason = ("no task was scored" if not usable else
+                  f"no code written (0 of {len(usable)} kernels)" if not code else
+                  f"{code} of {len(usable)} kernels written, none compiled" if not compiled else
+                  f"{compiled} of {len(usable)} kernels compiled, none correct under "
+                  f"{protocol.name}")
+        ax.text(0.5, 0.7, f"no correct kernel to plot:\n{reason}", ha="center", va="center",
+                transform=ax.transAxes, fontsize=9, color="#8a2a0a")
     times = plt.FuncFormatter(lambda value, _: f"{value:g}x")
     ax.yaxis.set_major_formatter(times)
     ax.yaxis.set_minor_formatter(times)
@@ -199,6 +241,11 @@ def plot_compare(rows: Sequence[Mapping], protocol: str, fast_p: Sequence[float]
         for y, system in enumerate(systems):
             row = values.get((*system, level))
             paper = system[0] != "run"
+            shares = [_share(row.get(f"{protocol}.plain.{m}")) for m in metrics] if row else []
+            if row and not paper and not any(shares):
+                # a run row without a bar: say why beside its zero
+                ax.text(0.01 * top, y, "0: " + empty_reason(row).replace("\n", " "),
+                        va="center", fontsize=6, color="#8a2a0a")
             for i, metric in enumerate(metrics):
                 value = row.get(f"{protocol}.plain.{metric}") if row else None
                 if value is None or value == "":
