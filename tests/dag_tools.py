@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 WORKFLOW_FILES = ["Snakefile", "dvc.yaml", "real", "params.yaml", ".dvcignore", "workflow", "profiles",
-                  "envs", "data/kernelbench", "data/baselines"]
+                  "envs", "data/kernelbench", "data/baselines", "data/base"]
 # The pipeline's DVC files (dvc.yaml's header): the default chain, which a target-less
 # `dvc repro` runs, and the real scales, addressed as real/dvc.yaml:<stage>.
 DEFAULT_DVC_FILE = "dvc.yaml"

@@ -112,3 +112,30 @@ def test_threshold_change_changes_only_the_kept_set():
 def test_prompt_carries_reference_and_backend_language():
     cpu, cuda = end_to_end_prompt("class Model: pass", "cpu"), end_to_end_prompt("class Model: pass", "cuda")
     assert "class Model: pass" in cpu and "OpenMP" in cpu and "__global__" in cuda
+
+
+def test_an_empty_sft_split_stops_the_stage_saying_what_was_measured(tmp_path, params):
+    """A machine that measures every kernel under the threshold gets an error naming the
+    threshold and what each threshold would keep, not a quiet empty split."""
+    import argparse
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from dicepipe.data.schema import SAMPLE_SCHEMA, write_table
+    from dicepipe.errors import StageInputError
+    from dicepipe.stages import assemble as stage
+
+    samples = [_sample(i) for i in range(4)]
+    write_table(pa.Table.from_pylist(samples, schema=SAMPLE_SCHEMA), tmp_path / "s.parquet", SAMPLE_SCHEMA)
+    write_table(pa.Table.from_pylist([], schema=SAMPLE_SCHEMA), tmp_path / "a.parquet", SAMPLE_SCHEMA)
+    rows = [{"job_id": s["sample_id"], **_m(1.6)} for s in samples]
+    pq.write_table(pa.Table.from_pylist(rows), tmp_path / "m.parquet")
+    args = argparse.Namespace(corpus="seed", samples=str(tmp_path / "s.parquet"),
+                              measurements=str(tmp_path / "m.parquet"),
+                              structural=str(tmp_path / "a.parquet"), out_dir=str(tmp_path / "cuke"))
+    with pytest.raises(StageInputError) as err:
+        stage.run(args, params)
+    message = str(err.value)
+    assert "sft split is empty at assemble.speedup_threshold 2" in message
+    assert "'1.5': 4" in message and "Lower assemble.speedup_threshold" in message

@@ -295,7 +295,7 @@ def test_compiled_bf16_sft_steps_run_and_learn(repo_root, tmp_path):
     prompts = [f"kernel for op {i}: y = x * {i}" for i in range(6)]
     responses = [f"```cpp\ny[i] = x[i] * {i};\n```" for i in range(6)]
     tokenizer = train_tiny_tokenizer(prompts + responses, 2048)
-    loaded = build_tiny(params["models"]["tiny"], tokenizer)
+    loaded = build_tiny(params["models"]["tiny-init"], tokenizer)
     data = prepare_sft_data(prompts, responses, tokenizer, loaded.settings, 512)
     settings = stage_settings(params, "sft", scale="tiny")
     settings.update(epochs=40, learning_rate=0.01, bf16=True, compile=True, cutoff_len=512,

@@ -45,7 +45,7 @@ def finished(repo_root, tmp_path_factory) -> Path:
     """A git + DVC repository of the workflow whose default chain (`rule all`, dvc.yaml)
     both runners record as run."""
     ws = copy_workflow(repo_root, tmp_path_factory.mktemp("finished"))
-    for folder in ("data/seed", "data/baselines"):
+    for folder in ("data/seed", "data/baselines", "data/base"):
         if (repo_root / folder).is_dir():
             shutil.copytree(repo_root / folder, ws / folder, dirs_exist_ok=True,
                             ignore=shutil.ignore_patterns("__pycache__"))
@@ -91,7 +91,7 @@ def _first(folder: Path) -> Path:
     return min(p for p in folder.iterdir() if p.suffix == ".py")
 
 
-CORPUS = "data/seed/corpus"
+CORPUS = "data/seed/chains"
 BENCH = "data/seed/benchmark/level1"
 
 

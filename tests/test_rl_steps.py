@@ -165,7 +165,7 @@ def test_stage_rewards_real_kernels_and_updates_on_them(repo_root, params, tmp_p
     write_table(pa.Table.from_pylist(val, schema=VAL_SCHEMA), tmp_path / "val.parquet", VAL_SCHEMA)
     tokenizer = train_tiny_tokenizer([r["prompt"] for r in rows] * 3 + [relu_kernel(), sigmoid_kernel()] * 3,
                                      512)
-    spec = {**params["models"]["tiny"], "vocab_size": 512, "num_hidden_layers": 1}
+    spec = {**params["models"]["tiny-init"], "vocab_size": 512, "num_hidden_layers": 1}
     save_model(tmp_path / "in", build_tiny(spec, tokenizer))
     local = yaml.safe_load((repo_root / "params.yaml").read_text())
     local["harness"]["run"]["cache_dir"] = str(build_cache_dir)

@@ -36,7 +36,7 @@ def _settings(params: dict, **changes) -> dict:
 
 def test_tiny_sft_learns_and_greedy_decoding_reproduces_a_response(params, tmp_path, one_thread):
     tokenizer = train_tiny_tokenizer([t for pair in zip(PROMPTS, RESPONSES) for t in pair], 2048)
-    loaded = build_tiny(params["models"]["tiny"], tokenizer)
+    loaded = build_tiny(params["models"]["tiny-init"], tokenizer)
     data = prepare_sft_data(PROMPTS, RESPONSES, tokenizer, loaded.settings, 2048)
     settings = _settings(params, epochs=600, learning_rate=0.01, save_every_steps=10_000)
     paths = SFTPaths(tmp_path / "model", tmp_path / "metrics", tmp_path / "work")

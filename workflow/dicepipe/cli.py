@@ -33,6 +33,7 @@ STAGES: dict[str, tuple[str, str]] = {
     "evaluate": ("evaluate", "KernelBench evaluation of a scale's model and its baselines"),
     "curves": ("curves", "plot a scale's SFT and RL training curves"),
     "provenance": ("provenance", "record a scale's params, package versions and input pins"),
+    "pretrain-base": ("pretrain_base", "make the tiny scale's base model, or its corpus (not a pipeline stage)"),
     "score": ("score", "score anyone's kernels: a folder or parquet of (reference, candidate)"),
 }
 

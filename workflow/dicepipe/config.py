@@ -230,7 +230,7 @@ def _cross_check(params: dict, source: str) -> None:
             "(shard ids I-of-N for I = 1..N; DVC needs them spelled out)."
         )
     for name, model in params["models"].items():
-        if model["kind"] in ("sdar", "qwen3") and "path" not in model:
+        if model["kind"] != "tiny" and "path" not in model:
             raise ConfigError(
                 f"{source}: key 'models.{name}.path' is missing. Expected a hub id or a local "
                 "checkpoint folder for a model of kind " + repr(model["kind"]) + "."

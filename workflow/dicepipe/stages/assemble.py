@@ -64,8 +64,14 @@ def run(args, params: dict) -> int:
     plot_speedups(speedups, settings["speedup_threshold"], out / "speedups.png", args.corpus)
     log.info("corpus %s at threshold %.2fx: %s", args.corpus, settings["speedup_threshold"], stats["split_sizes"])
     if not splits["sft"]:
-        log.warning("the sft split is empty: no sample reached %.2fx (see %s)",
-                    settings["speedup_threshold"], out / "stats.json")
+        # Not a quiet success: SFT cannot train on nothing, and a slower machine measuring
+        # every kernel under the threshold should say so here, with what would be kept.
+        raise StageInputError(
+            f"corpus {args.corpus}: the sft split is empty at assemble.speedup_threshold "
+            f"{settings['speedup_threshold']:g} (protocol {protocol.name}, robust {settings['robust']}): "
+            f"samples kept at each threshold {stats['kept_at_thresholds']}, verdicts {stats['reasons']} "
+            f"({out / 'stats.json'}, {out / 'speedups.png'}). Lower assemble.speedup_threshold in "
+            "params.yaml, or check the measurements (data/verify/<corpus>/measurements.parquet).")
     return 0
 
 

@@ -47,8 +47,11 @@ log = logging.getLogger(__name__)
 STEP_COLUMNS = ("step", "tasks", "rollouts", "mean_reward", "groups", "groups_kept", "updates",
                 "loss", "kl", "clip_fraction", "grad_norm", "learning_rate", "gen_tokens",
                 "gen_tokens_per_s", "time_generate_s", "time_score_s", "time_score_wait_s",
-                "time_train_s")
-VAL_COLUMNS = ("step", "val_reward", "val_tasks")
+                "time_train_s", "compiled", "compiled_wrong")
+# compiled: share of rollouts whose kernel built; compiled_wrong: share that built and were
+# judged wrong (the near misses the harness judges, beside unparsable text and no code).
+VAL_COLUMNS = ("step", "val_reward", "val_tasks", "val_compiled")
+VAL_SAMPLES = "val_samples.json"  # the greedy validation decodes before training and at the selected step
 LOG_NAMES = ("steps.tsv", "val.tsv")  # written in the work folder, copied to metrics at the end
 
 
@@ -118,31 +121,47 @@ def rl_step(run: RLRun, step: int) -> dict:
     stats = train_on_rollouts(run.scorer, run.ref_scorer, run.optimizer, kept, rollouts[0], s, env,
                               early=early)
     train_s = time.perf_counter() - t0 + times.overlap_s
+    built = [bool(r.info.get("compiled")) for r in rollouts]
+    correct = [bool(r.info.get("correct")) for r in rollouts]
     counts = all_reduce_sum(torch.tensor([len(groups), sum(kept_groups), len(rollouts),
-                                          sum(r.reward for r in rollouts), times.tokens],
+                                          sum(r.reward for r in rollouts), times.tokens, sum(built),
+                                          sum(b and not c for b, c in zip(built, correct))],
                                          dtype=torch.float64, device=env.device), env)
     return {"step": step + 1, "tasks": int(counts[0]), "rollouts": int(counts[2]),
             "mean_reward": float(counts[3]) / max(float(counts[2]), 1.0), "groups": int(counts[0]),
             "groups_kept": int(counts[1]), **stats, "learning_rate": s["learning_rate"],
             "gen_tokens": int(counts[4]), "gen_tokens_per_s": times.tokens / max(times.generate_s, 1e-9),
             "time_generate_s": times.generate_s, "time_score_s": times.score_s,
-            "time_score_wait_s": times.score_wait_s, "time_train_s": train_s}
+            "time_score_wait_s": times.score_wait_s, "time_train_s": train_s,
+            "compiled": float(counts[5]) / max(float(counts[2]), 1.0),
+            "compiled_wrong": float(counts[6]) / max(float(counts[2]), 1.0)}
 
 
-def validate(run: RLRun) -> float | None:
-    """Mean reward of greedy decodes of the validation prompts (None without any)."""
+@dataclass
+class Validation:
+    reward: float | None  # mean reward (None without validation tasks)
+    compiled: float | None  # share of decodes whose kernel built
+    samples: list[dict]  # this rank's decodes: task, reward, compiled, correct, text
+
+
+def validate(run: RLRun) -> Validation:
+    """Greedy decodes of the validation prompts, scored (reward None without any)."""
     s, env = run.settings, run.env
     mine = [(t, ids) for i, (t, ids) in enumerate(zip(run.val.tasks, run.val.prompt_ids))
             if i % env.world_size == env.rank]
     if not run.val.tasks:
-        return None
+        return Validation(None, None, [])
     run.rollout.sync(run.scorer.policy)
     rollouts, _ = roll_out(run.rollout, mine, group_size=1, groups_per_call=s["val_tasks_per_call"],
                            cfg=decode_settings(s, greedy=True), tokenizer=run.loaded.tokenizer,
                            reward=run.reward, seed=s["seed"], scorer=run.pool)
-    total = all_reduce_sum(torch.tensor([sum(r.reward for r in rollouts), len(rollouts)],
+    built = sum(bool(r.info.get("compiled")) for r in rollouts)
+    total = all_reduce_sum(torch.tensor([sum(r.reward for r in rollouts), len(rollouts), built],
                                         dtype=torch.float64, device=env.device), env)
-    return float(total[0]) / max(float(total[1]), 1.0)
+    samples = [{"task": r.task.task_id, "reward": r.reward, "compiled": bool(r.info.get("compiled")),
+                "correct": bool(r.info.get("correct")), "text": r.text} for r in rollouts]
+    return Validation(float(total[0]) / max(float(total[1]), 1.0),
+                      float(total[2]) / max(float(total[1]), 1.0), samples)
 
 
 def run_rl(loaded: LoadedModel, tasks: EncodedTasks, val: EncodedTasks, reward: Reward, settings: dict,
@@ -264,10 +283,16 @@ class _Best:
 
 def _select(run: RLRun, paths: RLPaths, best: _Best, step: int, val_log: StepLog) -> None:
     """Validate at `step`; keep the model if it is at least as good as the best so far."""
-    value = validate(run)
+    result = validate(run)
+    value = result.reward
     best.history[step] = value
     val_log.write({"step": step, "val_reward": "" if value is None else value,
-                   "val_tasks": len(run.val.tasks)})
+                   "val_tasks": len(run.val.tasks),
+                   "val_compiled": "" if result.compiled is None else result.compiled})
+    if run.env.is_main:  # kept beside the checkpoints until the run's end picks two
+        path = _samples_file(paths.work_dir, step)
+        path.with_suffix(".tmp").write_text(json.dumps(result.samples, indent=1) + "\n")
+        path.with_suffix(".tmp").replace(path)
     better = best.step < 0 or (value is not None and (best.val_reward is None or value >= best.val_reward))
     if value is None:
         better = True  # no validation data: the latest model is the output
@@ -277,6 +302,19 @@ def _select(run: RLRun, paths: RLPaths, best: _Best, step: int, val_log: StepLog
         if run.env.is_main:
             best.prune(paths.work_dir)
     barrier(run.env)
+
+
+def _samples_file(work_dir: Path, step: int) -> Path:
+    return Path(work_dir) / f"val-samples-{step:08d}.json"
+
+
+def _val_samples(work_dir: Path, best_step: int) -> dict:
+    """The greedy validation decodes before the first step and at the selected one."""
+    out = {}
+    for key, step in (("before", 0), ("selected", best_step)):
+        path = _samples_file(work_dir, step)
+        out[key] = {"step": step, "samples": json.loads(path.read_text()) if path.is_file() else []}
+    return out
 
 
 def _save_model(run: RLRun, folder: Path) -> None:
@@ -301,6 +339,8 @@ def _finish(run: RLRun, paths: RLPaths, best: _Best, steps_log: StepLog, progres
         "mean_reward_first": rewards[0] if rewards else None,
         "mean_reward_last": rewards[-1] if rewards else None,
         "groups_kept_total": int(sum(kept)),
+        "updates_total": int(sum(steps_log.losses("updates"))),
+        "val_reward_before": best.history.get(0),
         "steps_without_update": sum(1 for k in kept if k == 0),
         "train_time_s": round(progress.train_time_s, 3),  # steps and validations, every part
         **progress.resume_note(),
@@ -314,6 +354,8 @@ def _finish(run: RLRun, paths: RLPaths, best: _Best, steps_log: StepLog, progres
             shutil.rmtree(out)
         shutil.copytree(_Best.folder(paths.work_dir, best.step), out)
         publish_logs(paths.work_dir, paths.metrics_dir, LOG_NAMES)
+        (Path(paths.metrics_dir) / VAL_SAMPLES).write_text(
+            json.dumps(_val_samples(paths.work_dir, best.step), indent=1, sort_keys=True) + "\n")
         write_summary(paths.metrics_dir / "summary.json", summary)
         if not options.keep_checkpoints:
             shutil.rmtree(paths.work_dir, ignore_errors=True)

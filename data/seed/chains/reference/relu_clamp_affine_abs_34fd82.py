@@ -1,0 +1,22 @@
+import torch
+import torch.nn as nn
+
+
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+
+    def forward(self, x):
+        x = torch.relu(x)
+        x = torch.clamp(x, -3.0, 3.0)
+        x = x * 0.5 - 2.0
+        x = torch.abs(x)
+        return x
+
+
+def get_inputs():
+    return [torch.randn(128, 1024)]
+
+
+def get_init_inputs():
+    return []

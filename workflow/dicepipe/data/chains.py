@@ -1,0 +1,198 @@
+"""Elementwise chains: the tiny scale's learnable kernel family.
+
+A chain is a short sequence of elementwise steps (an affine map, ReLU, a clamp, ...) with
+constants, applied to one float32 tensor. Each step is one line of the PyTorch reference's
+`forward` and one line of the C++ kernel's loop body (under the reference line as a
+comment), so a reference and its kernel are aligned line for line: a small model can learn
+the copy and the translation, and a held-out chain differs
+from the trained ones only in ways it can generalise (other constants, another order, another
+shape). The kernel fuses the chain into one pass over memory where PyTorch eager makes a pass
+and a temporary per operator, so with four or more eager operators it is several times faster
+on a CPU (data/seed/README.md).
+
+Everything here is deterministic for a seed: `corpus_chains` writes the shipped corpus
+(data/seed/chains, `dicepipe pretrain-base --write-corpus`), `pretraining_examples` the base
+model's pretraining data, which never holds a corpus chain (`chain_key`).
+"""
+
+from __future__ import annotations
+
+import ast
+import hashlib
+import random
+from dataclasses import dataclass
+
+# name -> (reference line, kernel line, eager operators it costs PyTorch). The kernel lines
+# are branch-free (std::max/min/abs) and build with -fno-trapping-math, under which GCC
+# vectorises every chain (with the default -ftrapping-math it turns some clamps and ReLUs
+# next to other steps into branches, and such a kernel is slower than eager). A slope
+# below 1 makes max(v, s * v) exactly leaky_relu. Constants are
+# filled in from the step's draw: a = scale, sign and b = shift, s = slope, lo/hi = clamp bounds.
+STEPS: dict[str, tuple[str, str, int]] = {
+    "affine": ("x = x * {a} {sign} {b}", "v = v * {a}f {sign} {b}f;", 2),
+    "scale": ("x = x * {a}", "v = v * {a}f;", 1),
+    "shift": ("x = x {sign} {b}", "v = v {sign} {b}f;", 1),
+    "relu": ("x = torch.relu(x)", "v = std::max(v, 0.0f);", 1),
+    "leaky_relu": ("x = torch.nn.functional.leaky_relu(x, {s})", "v = std::max(v, v * {s}f);", 1),
+    "clamp": ("x = torch.clamp(x, {lo}, {hi})", "v = std::min(std::max(v, {lo}f), {hi}f);", 1),
+    "abs": ("x = torch.abs(x)", "v = std::abs(v);", 1),
+    "square": ("x = x * x", "v = v * v;", 1),
+}
+SCALES = ("0.25", "0.5", "0.75", "1.5", "2.0", "3.0", "-0.5", "-2.0")
+SHIFTS = ("0.1", "0.5", "1.0", "2.0")
+SLOPES = ("0.01", "0.05", "0.1", "0.2")
+LOWS = ("-3.0", "-2.0", "-1.0", "-0.5", "0.0")
+HIGHS = ("0.5", "1.0", "2.0", "3.0")
+SHAPES = ((128, 1024), (256, 512), (256, 1024), (512, 512), (64, 2048), (128, 2048))
+
+
+@dataclass(frozen=True)
+class Step:
+    op: str
+    constants: tuple[tuple[str, str], ...] = ()  # (name, value) in the templates' names
+
+    def fill(self, template: str) -> str:
+        return template.format(**dict(self.constants))
+
+
+@dataclass(frozen=True)
+class Chain:
+    steps: tuple[Step, ...]
+    shape: tuple[int, int]
+
+    @property
+    def eager_ops(self) -> int:
+        return sum(STEPS[s.op][2] for s in self.steps)
+
+    @property
+    def name(self) -> str:
+        """A file stem: the ops in order and a short digest of the whole chain."""
+        digest = hashlib.sha256(repr(self).encode()).hexdigest()[:6]
+        return "_".join(s.op for s in self.steps) + "_" + digest
+
+    @property
+    def level(self) -> int:
+        return 1 if len(self.steps) == 1 else 2
+
+    def reference(self) -> str:
+        body = "".join(f"        {s.fill(STEPS[s.op][0])}\n" for s in self.steps)
+        rows, cols = self.shape
+        return (
+            "import torch\nimport torch.nn as nn\n\n\n"
+            "class Model(nn.Module):\n"
+            "    def __init__(self):\n"
+            "        super().__init__()\n\n"
+            "    def forward(self, x):\n"
+            f"{body}"
+            "        return x\n\n\n"
+            "def get_inputs():\n"
+            f"    return [torch.randn({rows}, {cols})]\n\n\n"
+            "def get_init_inputs():\n"
+            "    return []\n"
+        )
+
+    def kernel(self) -> str:
+        # each C++ line under the reference line it computes, as a comment: the model copies
+        # the reference's step, then translates the line right above
+        body = "".join(f"        // {s.fill(STEPS[s.op][0])}\n        {s.fill(STEPS[s.op][1])}\n"
+                       for s in self.steps)
+        return (
+            "import torch\nimport torch.nn as nn\n"
+            "from torch.utils.cpp_extension import load_inline\n\n"
+            'chain_source = r"""\n'
+            "#include <torch/extension.h>\n\n"
+            "torch::Tensor chain_cpu(torch::Tensor x) {\n"
+            "    x = x.contiguous();\n"
+            "    auto out = torch::empty_like(x);\n"
+            "    const float* px = x.data_ptr<float>();\n"
+            "    float* po = out.data_ptr<float>();\n"
+            "    int64_t n = x.numel();\n"
+            "    #pragma omp parallel for\n"
+            "    for (int64_t i = 0; i < n; ++i) {\n"
+            "        float v = px[i];\n"
+            f"{body}"
+            "        po[i] = v;\n"
+            "    }\n"
+            "    return out;\n"
+            "}\n"
+            '"""\n\n'
+            'chain_ext = load_inline(name="chain_ext", cpp_sources=chain_source, functions=["chain_cpu"],\n'
+            '                        extra_cflags=["-O3", "-fno-trapping-math", "-fopenmp"],\n'
+            '                        extra_ldflags=["-fopenmp"], verbose=False)\n\n\n'
+            "class ModelNew(nn.Module):\n"
+            "    def __init__(self):\n"
+            "        super().__init__()\n\n"
+            "    def forward(self, x):\n"
+            "        return chain_ext.chain_cpu(x)\n"
+        )
+
+
+def draw_step(rng: random.Random, op: str) -> Step:
+    if op in ("affine", "scale"):
+        constants = [("a", rng.choice(SCALES))]
+        if op == "affine":
+            constants += [("sign", rng.choice("+-")), ("b", rng.choice(SHIFTS))]
+    elif op == "shift":
+        constants = [("sign", rng.choice("+-")), ("b", rng.choice(SHIFTS))]
+    elif op == "leaky_relu":
+        constants = [("s", rng.choice(SLOPES))]
+    elif op == "clamp":
+        constants = [("lo", rng.choice(LOWS)), ("hi", rng.choice(HIGHS))]
+    else:
+        constants = []
+    return Step(op, tuple(constants))
+
+
+def draw_chain(rng: random.Random, min_steps: int, max_steps: int) -> Chain:
+    ops = sorted(STEPS)
+    length = rng.randint(min_steps, max_steps)
+    steps = []
+    for _ in range(length):
+        choices = [o for o in ops if not steps or o != steps[-1].op]  # no op twice in a row
+        steps.append(draw_step(rng, rng.choice(choices)))
+    return Chain(tuple(steps), rng.choice(SHAPES))
+
+
+def chain_key(chain: Chain) -> tuple:
+    """What makes two chains the same task for the held-out rule: the steps and constants
+    (the shape is not part of it: a kernel reads sizes from its input)."""
+    return chain.steps
+
+
+def corpus_chains(count: int = 14, seed: int = 0, min_eager_ops: int = 5) -> list[Chain]:
+    """The shipped corpus: `count` distinct chains of 3-4 steps, each costing PyTorch eager at
+    least `min_eager_ops` operators (so its fused kernel clears assemble's threshold)."""
+    rng = random.Random(f"chains-corpus:{seed}")
+    chains: dict[tuple, Chain] = {}
+    while len(chains) < count:
+        chain = draw_chain(rng, 3, 4)
+        if chain.eager_ops >= min_eager_ops:
+            chains.setdefault(chain_key(chain), chain)
+    return sorted(chains.values(), key=lambda c: c.name)
+
+
+def pretraining_chains(count: int, seed: int, exclude: set[tuple]) -> list[Chain]:
+    """`count` distinct chains of 1-4 steps, none of whose keys is in `exclude`."""
+    rng = random.Random(f"chains-pretrain:{seed}")
+    chains: dict[tuple, Chain] = {}
+    while len(chains) < count:
+        chain = draw_chain(rng, 1, 4)
+        key = chain_key(chain)
+        if key not in exclude:
+            chains.setdefault(key, chain)
+    return list(chains.values())
+
+
+def task_fingerprint(reference_code: str) -> str | None:
+    """The held-out rule's identity of a KernelBench-format program: the normalised source
+    (ast.unparse, so comments, blank lines and quoting do not count) of its `Model` class and
+    `get_inputs` function. None when the code does not parse or defines neither."""
+    try:
+        tree = ast.parse(reference_code)
+    except (SyntaxError, ValueError):
+        return None
+    parts = [ast.unparse(node) for node in tree.body
+             if isinstance(node, (ast.ClassDef, ast.FunctionDef)) and node.name in ("Model", "get_inputs")]
+    if not parts:
+        return None
+    return hashlib.sha256("\n".join(parts).encode()).hexdigest()
