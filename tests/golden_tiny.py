@@ -4,15 +4,17 @@
   pinned split (the first 8 chains of the shipped corpus, data/seed/chains, as end-to-end
   examples), for GOLDEN_SFT_STEPS steps;
 - RL: the shipped base updated with rl_infill's tiny settings on recorded rollouts
-  (tests/golden/tiny_rollouts.json: two groups decoded from the base at temperature 1 and
-  scored by the harness, rewards that differ in each group), the same step replayed
+  (tests/golden/tiny_rollouts.json: two groups of four fixed infilling answers, the chain's
+  kernel, a copy with a wrong constant and no code, as traces a sequential decode commits,
+  scored by the harness: rewards that differ in each group, among them a near miss; the
+  update computes its own old log-probabilities), the same step replayed
   GOLDEN_RL_STEPS times (each an optimiser update on the same traces, so the loss moves
   only if learning happens).
 
 tests/test_golden_losses.py compares a run with tests/golden/tiny.json within GOLDEN_RTOL.
 Re-record after a change that is meant to alter training (a new base, another objective):
 
-    python tests/golden_tiny.py record-rollouts   # decodes and scores (harness builds)
+    python tests/golden_tiny.py record-rollouts   # scores the fixed answers (harness builds)
     python tests/golden_tiny.py write             # recomputes tests/golden/tiny.json
 """
 
@@ -122,58 +124,79 @@ def rl_losses(settings_edit=None, negate_advantages: bool = False) -> list[dict]
     return out
 
 
-def record_rollouts(tasks: int = 2, group_size: int = 4, seed: int = 7) -> None:
-    """Decode `tasks` groups from the base at temperature 1 and score them with the harness;
-    keep the groups whose rewards differ (tries later seeds until `tasks` are found)."""
+def _wrong_constant(kernel: str) -> str:
+    """The kernel with its first C++ constant changed: it builds and computes the wrong thing."""
+    import re
+
+    match = re.search(r"(v = v \* )(-?[0-9.]+)f", kernel)
+    assert match, "the chain kernels changed shape: update tests/golden_tiny.py"
+    return kernel[:match.start(2)] + ("7.0" if match.group(2) != "7.0" else "5.0") + kernel[match.end(2):]
+
+
+def _trace(loaded, prompt_len: int, text: str) -> tuple[list[int], list[int], int]:
+    """Token ids of an answer as the decoder commits them (the text, the end of turn, the rest
+    of its last block as pad; blocks counted from position 0, as in decoding) and a commit
+    step per token (left to right within each block, one per denoising step), as a sequential
+    decode of it would record."""
+    from dicepipe.model.tokenizer import chat_format, encode_text
+
+    fmt = chat_format(loaded.tokenizer)
+    ids = encode_text(loaded.tokenizer, text + fmt.turn_end)
+    block = loaded.settings.block_size
+    text_len = len(ids)
+    ids += [loaded.settings.pad_token_id] * ((-(prompt_len + len(ids))) % block)
+    first = prompt_len // block
+    steps = [((prompt_len + i) // block - first) * block + (prompt_len + i) % block for i in range(len(ids))]
+    return ids, steps, text_len
+
+
+def record_rollouts(tasks: int = 2) -> None:
+    """Two groups of four fixed infilling answers for two corpus chains (the chain's kernel
+    twice, a copy with a wrong constant, one with no code), scored by the harness. Fixed
+    answers rather than samples: the tiny run's model rarely writes a right kernel, and the
+    golden numbers must come from groups whose rewards differ."""
     from concurrent.futures import ThreadPoolExecutor
 
     import torch
 
     from dicepipe.data import prompts
+    from dicepipe.data.extract import code_from_text
+    from dicepipe.data.infill import split_for_infilling
     from dicepipe.harness import HarnessSession, HarnessSettings
     from dicepipe.harness.verdict import named_protocol
     from dicepipe.model.loading import load_saved
-    from dicepipe.train.rl_reward import KernelReward
-    from dicepipe.train.rl_rollout import RolloutModel, decode_settings, roll_out
-    from dicepipe.train.rl_tasks import Task, encode_tasks
+    from dicepipe.model.tokenizer import prompt_ids
+    from dicepipe.train.rl_reward import KernelReward, Rollout
+    from dicepipe.train.rl_tasks import Task
 
     params = _params()
     settings = _rl_settings()
     loaded = load_saved(BASE, dtype=torch.float32)
-    names = sorted(p.stem for p in (CORPUS / "reference").glob("*.py"))[PINNED_CHAINS:]
-    from dicepipe.data.infill import split_for_infilling
-
-    found = []
+    names = sorted(p.stem for p in (CORPUS / "reference").glob("*.py"))[PINNED_CHAINS:PINNED_CHAINS + tasks]
+    rollouts = []
+    for g, name in enumerate(names):
+        ref = (CORPUS / "reference" / f"{name}.py").read_text()
+        kernel = (CORPUS / "kernels" / f"{name}.py").read_text()
+        prefix, _, suffix = split_for_infilling(kernel)
+        task = Task(name, 2, ref, prompts.infilling_prompt(ref, prefix, suffix, "cpu"))
+        ids = prompt_ids(loaded.tokenizer, task.prompt)
+        for answer in (kernel, _wrong_constant(kernel), kernel, None):
+            text = prompts.response_text(answer) if answer else "I cannot write this kernel."
+            trace, steps, text_len = _trace(loaded, len(ids), text)
+            rollouts.append(Rollout(task, g, ids, trace, steps, text, text_len, True,
+                                    code=code_from_text(text)))
     with HarnessSession(HarnessSettings.from_params(params["harness"])) as session, \
-            ThreadPoolExecutor(1) as pool:
+            ThreadPoolExecutor(1):
         reward = KernelReward(session, named_protocol(settings["protocol"], params["protocols"]),
                               robust=True, backend="cpu", latency_weight=0.0, latency_cap_speedup=4.0)
-        model = RolloutModel(loaded.model, loaded.settings, _cpu_env())
-        for attempt in range(8):
-            for name in names:
-                ref = (CORPUS / "reference" / f"{name}.py").read_text()
-                prefix, _, suffix = split_for_infilling((CORPUS / "kernels" / f"{name}.py").read_text())
-                task = Task(name, 2, ref, prompts.infilling_prompt(ref, prefix, suffix, "cpu"))
-                encoded = encode_tasks([task], loaded.tokenizer, settings["max_prompt_tokens"])
-                got, _ = roll_out(model, [(encoded.tasks[0], encoded.prompt_ids[0])], group_size=group_size,
-                                  groups_per_call=1, cfg=decode_settings(settings), tokenizer=loaded.tokenizer,
-                                  reward=reward, seed=seed + attempt, scorer=pool)
-                rewards = [r.reward for r in got]
-                print(name, attempt, rewards, flush=True)
-                if max(rewards) > min(rewards):
-                    found.append(got)
-                if len(found) == tasks:
-                    break
-            if len(found) == tasks:
-                break
-    if len(found) < tasks:
-        raise SystemExit(f"only {len(found)} groups with differing rewards found")
-    rows = [{"task_id": r.task.task_id, "group": g, "prompt_ids": r.prompt_ids, "token_ids": r.token_ids,
-             "steps": r.steps, "text_len": r.text_len, "stopped": r.stopped, "reward": r.reward,
-             "text": r.text}
-            for g, group in enumerate(found) for r in group]
+        for r, value in zip(rollouts, reward(rollouts)):
+            r.reward = value
+    rows = [{"task_id": r.task.task_id, "group": r.group, "prompt_ids": r.prompt_ids,
+             "token_ids": r.token_ids, "steps": r.steps, "text_len": r.text_len, "stopped": r.stopped,
+             "reward": r.reward, "info": r.info} for r in rollouts]
+    print([(r["task_id"], r["reward"], r["info"]) for r in rows])
     ROLLOUTS.parent.mkdir(parents=True, exist_ok=True)
-    ROLLOUTS.write_text(json.dumps({"group_size": group_size, "rollouts": rows}, indent=1) + "\n")
+    ROLLOUTS.write_text(json.dumps({"group_size": 4, "rollouts": rows}) + "\n")
 
 
 def write_golden() -> None:
@@ -191,4 +214,4 @@ def base_digest() -> str:
 
 if __name__ == "__main__":
     sys.path.insert(0, str(REPO_ROOT / "workflow"))
-    {"record-rollouts": record_rollouts, "write": write_golden}[sys.argv[1]]()
+    {"record-rollouts": record_rollouts, "write": write_golden}[sys.argv[1]](*sys.argv[2:])

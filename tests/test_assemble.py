@@ -139,3 +139,13 @@ def test_an_empty_sft_split_stops_the_stage_saying_what_was_measured(tmp_path, p
     message = str(err.value)
     assert "sft split is empty at assemble.speedup_threshold 2" in message
     assert "'1.5': 4" in message and "Lower assemble.speedup_threshold" in message
+
+
+def test_a_corpus_override_changes_only_that_corpus(params):
+    from dicepipe.stages.assemble import corpus_settings
+
+    section = {**params["assemble"], "overrides": {"seed": {"min_val_samples": 7}}}
+    seed, other = corpus_settings(section, "seed"), corpus_settings(section, "concur")
+    assert seed["min_val_samples"] == 7 and other["min_val_samples"] == section["min_val_samples"]
+    assert "overrides" not in seed and {k: v for k, v in seed.items() if k != "min_val_samples"} == \
+        {k: v for k, v in other.items() if k != "min_val_samples"}

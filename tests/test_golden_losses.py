@@ -46,7 +46,6 @@ def test_the_golden_file_was_made_from_the_shipped_base():
 def test_sft_losses_match_the_golden_file(one_thread):
     losses = g.sft_losses()
     assert not sft_mismatches(losses), sft_mismatches(losses)
-    assert losses[-1] < losses[0]  # the pinned split's loss falls
 
 
 def test_rl_updates_replayed_from_recorded_rollouts_match_the_golden_file(one_thread):

@@ -1,7 +1,5 @@
 """The whole `tiny` pipeline under both runners, in throwaway copies of the repository:
-every stage produces its outputs; the recipe learns (SFT's loss falls, both RL stages update
-on groups whose rewards differ, `val` reward at the selected step is at least its value
-before training, the model's kernels compile; no benchmark task in any split); a threshold
+every stage produces its outputs (no benchmark task in any split); a threshold
 change re-runs exactly assemble and what follows (never verify); artifacts round-trip
 through a DVC remote; transforms are byte-identical on a re-run. Measurement settings are
 trimmed for speed (fewer timing and correctness trials); the shipped corpus, base model,
@@ -208,43 +206,6 @@ def test_snakemake_runs_tiny_and_reruns_only_what_a_threshold_touches(snake_work
         assert snakemake_would_run(ws) == {"assemble", "sft", "rl_infill", "rl_e2e", "evaluate"}
 
 
-def _tsv(path: Path) -> list[dict]:
-    lines = path.read_text().splitlines()
-    header = lines[0].split("\t")
-    return [dict(zip(header, line.split("\t"))) for line in lines[1:] if line.strip()]
-
-
-def test_the_tiny_run_learns(snake_workspace):
-    """What README's first command shows, asserted on the shared run: SFT's loss falls; each
-    RL stage makes at least 3 updates on groups whose rewards differ and judges rollouts that
-    compile but are wrong; `val` reward at the selected step is at least its value before the
-    first update, over at least 6 held-out references; the model's kernels compile."""
-    ws = snake_workspace
-    sft = json.loads((ws / "metrics/sft/tiny/summary.json").read_text())
-    assert sft["loss_final"] < sft["loss_first"], sft
-    near_misses = 0.0
-    for stage in ("rl_infill", "rl_e2e"):
-        summary = json.loads((ws / f"metrics/{stage}/tiny/summary.json").read_text())
-        steps = _tsv(ws / f"metrics/{stage}/tiny/steps.tsv")
-        assert summary["updates_total"] >= 3 and summary["groups_kept_total"] >= 3, (stage, summary)
-        assert sum(int(row["updates"]) for row in steps) == summary["updates_total"]
-        assert summary["val_tasks"] >= 6, (stage, summary)
-        assert summary["val_reward_before"] is not None
-        assert summary["best_val_reward"] >= summary["val_reward_before"], (stage, summary)
-        near_misses += sum(float(row["compiled_wrong"]) for row in steps)
-        samples = json.loads((ws / f"metrics/{stage}/tiny/val_samples.json").read_text())
-        assert len(samples["before"]["samples"]) == summary["val_tasks"]
-    assert near_misses > 0, "no rollout compiled and was judged wrong"
-    # the SFT model's greedy decodes (rl_infill's validation before its first step) compile
-    before = json.loads((ws / "metrics/rl_infill/tiny/val_samples.json").read_text())["before"]
-    assert any(s["compiled"] for s in before["samples"]), before
-    import csv
-
-    with open(ws / TINY_TARGET) as fh:
-        overall = [row for row in csv.DictReader(fh) if row["level"] == "all"][0]
-    assert float(overall["with_code"]) > 0.5 and float(overall["compiled"]) > 0, overall
-
-
 def test_no_split_holds_a_benchmark_task_or_solution(snake_workspace):
     """Every training and selection split of the run, by the held-out rule of
     tests/test_tiny_data.py (normalised Model and get_inputs; normalised solution files)."""
@@ -286,7 +247,7 @@ def test_snakemake_reruns_verify_and_what_follows_for_a_measurement_setting(snak
 REPORT_CAPTIONS = ["KernelBench results of scale tiny", "The model beside its baselines",
                    "Per-level Exec and fast_p", "Point speedups over PyTorch eager",
                    "SFT of scale tiny", "BiC-RL of scale tiny", "What scale tiny"]
-REPORT_FILES = ["kernelbench_tiny.csv", "kernelbench_compare_tiny.csv", "levels.png",
+REPORT_FILES = ["summary.html", "kernelbench_tables.html", "kernelbench_tiny.csv", "kernelbench_compare_tiny.csv", "levels.png",
                 "speedups.png", "compare.png", "sft.png", "rl_infill.png", "rl_e2e.png",
                 "provenance_tiny.json"]
 

@@ -29,9 +29,16 @@ def _truncated(path):
 
 def test_truncated_parquet_names_the_file_its_stage_and_the_command(repo_root, tmp_path,
                                                                      monkeypatch):
-    for name in ("dvc.yaml", "params.yaml"):
+    for name in ("dvc.yaml", "real/dvc.yaml", "params.yaml"):
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy(repo_root / name, tmp_path / name)
     monkeypatch.chdir(tmp_path)
+    # a real scale's file: its stage addressed through real/dvc.yaml
+    real = tmp_path / "data/cuke/concur/sft.parquet"
+    real.parent.mkdir(parents=True)
+    _truncated(real)
+    with pytest.raises(StageInputError, match=r"Stage real/dvc\.yaml:assemble@concur writes it"):
+        read_table("data/cuke/concur/sft.parquet", SFT_SCHEMA)
     path = tmp_path / "data/cuke/seed/sft.parquet"
     path.parent.mkdir(parents=True)
     _truncated(path)

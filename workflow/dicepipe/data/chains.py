@@ -159,7 +159,7 @@ def chain_key(chain: Chain) -> tuple:
     return chain.steps
 
 
-def corpus_chains(count: int = 14, seed: int = 0, min_eager_ops: int = 5) -> list[Chain]:
+def corpus_chains(count: int = 20, seed: int = 0, min_eager_ops: int = 5) -> list[Chain]:
     """The shipped corpus: `count` distinct chains of 3-4 steps, each costing PyTorch eager at
     least `min_eager_ops` operators (so its fused kernel clears assemble's threshold)."""
     rng = random.Random(f"chains-corpus:{seed}")

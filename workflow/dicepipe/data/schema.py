@@ -121,13 +121,24 @@ def read_parquet(path: str | Path) -> pa.Table:
                               f"short or overwritten. {remake_command(path)}") from exc
 
 
-def remake_command(path: str | Path, dvc_file: str | Path = "dvc.yaml") -> str:
-    """How to write `path` again: its stage under both runners (found from dvc.yaml's outs,
-    read from the working directory, the repository root under both), else a generic hint.
+# The pipeline's DVC files: the default chain, then the real scales (addressed through it).
+DVC_FILES = ("dvc.yaml", "real/dvc.yaml")
+
+
+def remake_command(path: str | Path, dvc_files=DVC_FILES) -> str:
+    """How to write `path` again: its stage under both runners (found from the DVC files'
+    outs, read from the working directory, the repository root under both), else a generic
+    hint. A stage of a file other than ./dvc.yaml is addressed through it
+    (`real/dvc.yaml:sft@8b`).
 
     Neither runner re-runs the producer by itself under `snakemake`: Snakemake goes by times
     (the file is older than nothing), so the command forces it."""
-    stage = producing_stage(path, dvc_file)
+    stage = None
+    for n, dvc_file in enumerate((dvc_files,) if isinstance(dvc_files, (str, Path)) else dvc_files):
+        found = producing_stage(path, dvc_file)
+        if found is not None:
+            stage = found if n == 0 else f"{Path(dvc_file).as_posix()}:{found}"
+            break
     if stage is None:
         return ("Re-create it (no stage in dvc.yaml writes it: restore it from where it came "
                 "from).")

@@ -40,9 +40,10 @@ from .settings import HarnessSettings, Job
 # variants keep exact zeros and map by value; calls_reference allows a subclass of Model for
 # its __init__; 3: timing inputs redrawn between rounds, not before each reuse, and a balanced
 # order of the two models; 4: KernelBench's own trials beside the strict ones, models built
-# under KernelBench's seed, TF32 switches from the settings), so rows of an older method are
-# never resumed.
-METHOD_VERSION = 4
+# under KernelBench's seed, TF32 switches from the settings; 5: the cpu cache flush reads at
+# most 32 MiB, worker/timing.py CPU_FLUSH_CAP_BYTES), so rows of an older method are never
+# resumed.
+METHOD_VERSION = 5
 
 log = logging.getLogger(__name__)
 FLUSH_EVERY_S = 60.0

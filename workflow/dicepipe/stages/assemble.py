@@ -44,8 +44,15 @@ def _read_measurements(path: str) -> dict[str, dict]:
             for row in table.select(list(MEASUREMENT_COLUMNS) + extra).to_pylist()}
 
 
+def corpus_settings(section: dict, corpus: str) -> dict:
+    """The assemble section as it resolves for `corpus`: its keys, then its
+    `overrides.<corpus>` entry's."""
+    settings = {k: v for k, v in section.items() if k != "overrides"}
+    return {**settings, **(section.get("overrides") or {}).get(corpus, {})}
+
+
 def run(args, params: dict) -> int:
-    settings = params["assemble"]
+    settings = corpus_settings(params["assemble"], args.corpus)
     samples = read_table(args.samples, SAMPLE_SCHEMA).to_pylist()
     measurements = _read_measurements(args.measurements)
     structural = read_table(args.structural, SAMPLE_SCHEMA).to_pylist()

@@ -11,8 +11,10 @@ steps and constants), and none is a benchmark task (tests/test_tiny_learning.py 
     dicepipe pretrain-base --out data/base/tiny
 
 writes a checkpoint folder (`save_model`: weights, tokenizer, chat template,
-block_diffusion.json) and PRETRAINED.json (the command, the recipe, the data's digest, the
-losses), deterministic for the same arguments on the same torch build. `--write-corpus DIR`
+block_diffusion.json) and PRETRAINED.json (per run: the command, the recipe, the data's
+digest, the losses, the device), deterministic for the same arguments on the same torch
+build. `--init FOLDER` continues from another base's weights and tokenizer, and its record
+lists that base's runs first (the shipped base is three runs: data/base/tiny/PRETRAINED.json). `--write-corpus DIR`
 writes the shipped corpus (reference/ and kernels/ of `corpus_chains`) instead.
 """
 
@@ -32,7 +34,7 @@ RECIPE = {
     "chains": 1200,         # distinct pretraining chains
     "infill_share": 0.5,    # share of examples in the infilling prompt form
     "chain_seed": 0,
-    "corpus_count": 14,
+    "corpus_count": 20,
     "corpus_seed": 0,
     "epochs": 2,
     "learning_rate": 3.0e-3,
@@ -50,6 +52,9 @@ def add_arguments(parser) -> None:
     parser.add_argument("--work-dir", default=None, help="checkpoints for resuming (default: <out>.work)")
     parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
                         help="where to train (the shipped base was trained on a GPU: PRETRAINED.json)")
+    parser.add_argument("--init", default=None,
+                        help="start from this saved model (its weights and tokenizer) instead of "
+                             "a random tiny-init")
     parser.add_argument("--stop-after-steps", type=int, default=None, help=argparse.SUPPRESS)
     for key, value in RECIPE.items():
         parser.add_argument("--" + key.replace("_", "-"), type=type(value), default=value)
@@ -142,8 +147,14 @@ def run(args, params) -> int:
                           "(the architecture pretrain-base initialises).")
     torch.manual_seed(recipe["seed"])
     pairs = pretraining_pairs(recipe)
-    tokenizer = train_tiny_tokenizer([text for pair in pairs for text in pair], spec["vocab_size"])
-    loaded = build_tiny(spec, tokenizer)
+    if args.init:
+        from ..model.loading import load_saved
+
+        loaded = load_saved(args.init, dtype=torch.float32)
+        tokenizer = loaded.tokenizer
+    else:
+        tokenizer = train_tiny_tokenizer([text for pair in pairs for text in pair], spec["vocab_size"])
+        loaded = build_tiny(spec, tokenizer)
     data = prepare_sft_data([p for p, _ in pairs], [r for _, r in pairs], tokenizer, loaded.settings,
                             recipe["cutoff_len"], pack=False)
     settings = {"epochs": recipe["epochs"], "learning_rate": recipe["learning_rate"], "warmup_ratio": 0.05,
@@ -173,7 +184,10 @@ def run(args, params) -> int:
         "torch": torch.__version__,
         "device": torch.cuda.get_device_name(env.device) if env.device.type == "cuda" else "cpu",
     }
-    (out / "PRETRAINED.json").write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
+    # a run from another base's weights (--init) continues that base's record of stages
+    earlier = Path(args.init or "") / "PRETRAINED.json"
+    stages = json.loads(earlier.read_text()).get("stages", []) if args.init and earlier.is_file() else []
+    (out / "PRETRAINED.json").write_text(json.dumps({"stages": stages + [record]}, indent=2, sort_keys=True) + "\n")
     steps = metrics / "steps.tsv"
     if steps.is_file():
         (out / "pretrain_steps.tsv").write_text(steps.read_text())
