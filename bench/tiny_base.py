@@ -39,7 +39,6 @@ def main() -> int:
     args = parser.parse_args()
 
     import torch
-
     from dicepipe.data import prompts
     from dicepipe.data.extract import code_from_text, normalise_code
     from dicepipe.data.infill import split_for_infilling

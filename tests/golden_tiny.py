@@ -54,7 +54,6 @@ def pinned_split() -> tuple[list[str], list[str]]:
 
 def _cpu_env():
     import torch
-
     from dicepipe.train.parallel import DistEnv
 
     return DistEnv(0, 1, 0, torch.device("cpu"))
@@ -63,7 +62,6 @@ def _cpu_env():
 def sft_losses(settings_edit=None) -> list[float]:
     """Per-step SFT losses on the pinned split (settings_edit(settings) may change them)."""
     import torch
-
     from dicepipe.config import stage_settings
     from dicepipe.model.loading import load_saved
     from dicepipe.train.data import prepare_sft_data
@@ -93,7 +91,6 @@ def _rl_settings() -> dict:
 def rl_losses(settings_edit=None, negate_advantages: bool = False) -> list[dict]:
     """Per-step update statistics of the recorded rollouts replayed GOLDEN_RL_STEPS times."""
     import torch
-
     from dicepipe.model.loading import load_saved
     from dicepipe.train.optim import make_adamw
     from dicepipe.train.rl_reward import Rollout, group_advantages
@@ -158,7 +155,6 @@ def record_rollouts(tasks: int = 2) -> None:
     from concurrent.futures import ThreadPoolExecutor
 
     import torch
-
     from dicepipe.data import prompts
     from dicepipe.data.extract import code_from_text
     from dicepipe.data.infill import split_for_infilling

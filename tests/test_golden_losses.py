@@ -7,9 +7,8 @@ from __future__ import annotations
 
 import json
 
-import pytest
-
 import golden_tiny as g
+import pytest
 
 pytestmark = pytest.mark.skipif(not g.GOLDEN.is_file() or not g.ROLLOUTS.is_file(),
                                 reason="tests/golden/tiny.json not recorded")

@@ -89,8 +89,9 @@ def test_the_scan_sees_what_each_stage_reads(shipped_reads):
                    ("harness", "run"), ("protocols",)},
         "augment": {("augment", "attempts"), ("augment", "robust"), ("corpora", STAR, "backend"),
                     ("harness", "measure"), ("protocols",)},
-        "assemble": {("assemble", "speedup_threshold"), ("assemble", "robust"), ("assemble", "protocol"),
-                     ("verify", "decision_thresholds"), ("protocols",)},
+        # the section whole: a corpus's settings are the section merged with its override
+        "assemble": {("assemble",), ("assemble", "overrides", STAR), ("verify", "decision_thresholds"),
+                     ("protocols",)},
         # through config.stage_settings, the one resolver
         "sft": {("sft", "defaults"), ("sft", "overrides", STAR), ("scales", STAR, "gpus"),
                 ("scales", STAR, "model"), ("models", STAR, "kind")},
