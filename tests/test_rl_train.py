@@ -216,7 +216,11 @@ def test_stage_runs_when_every_group_is_dropped_and_selects_on_validation(params
     assert (paths.out_dir / "model.safetensors").is_file()
     saved = json.loads((paths.metrics_dir / "summary.json").read_text())
     assert saved["best_step"] == 2
-    assert (paths.metrics_dir / "val.tsv").read_text().splitlines()[0] == "step\tval_reward\tval_tasks"
+    assert (paths.metrics_dir / "val.tsv").read_text().splitlines()[0] == \
+        "step\tval_reward\tval_tasks\tval_compiled"
+    samples = json.loads((paths.metrics_dir / "val_samples.json").read_text())
+    assert samples["before"]["step"] == 0 and samples["selected"]["step"] == 2
+    assert len(samples["before"]["samples"]) == 1 and samples["before"]["samples"][0]["reward"] == 0.0
 
 
 def test_rollout_copy_is_built_on_the_device_and_computes_the_same():
