@@ -152,8 +152,6 @@ def record_rollouts(tasks: int = 2) -> None:
     twice, a copy with a wrong constant, one with no code), scored by the harness. Fixed
     answers rather than samples: the tiny run's model rarely writes a right kernel, and the
     golden numbers must come from groups whose rewards differ."""
-    from concurrent.futures import ThreadPoolExecutor
-
     import torch
     from dicepipe.data import prompts
     from dicepipe.data.extract import code_from_text
@@ -181,8 +179,7 @@ def record_rollouts(tasks: int = 2) -> None:
             trace, steps, text_len = _trace(loaded, len(ids), text)
             rollouts.append(Rollout(task, g, ids, trace, steps, text, text_len, True,
                                     code=code_from_text(text)))
-    with HarnessSession(HarnessSettings.from_params(params["harness"])) as session, \
-            ThreadPoolExecutor(1):
+    with HarnessSession(HarnessSettings.from_params(params["harness"])) as session:
         reward = KernelReward(session, named_protocol(settings["protocol"], params["protocols"]),
                               robust=True, backend="cpu", latency_weight=0.0, latency_cap_speedup=4.0)
         for r, value in zip(rollouts, reward(rollouts)):

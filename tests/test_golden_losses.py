@@ -33,8 +33,8 @@ def rl_mismatches(steps: list[dict]) -> list[tuple]:
     expected = golden()["rl"]
     out = [(i + 1, key, got[key], want[key]) for i, (got, want) in enumerate(zip(steps, expected))
            for key in ("loss", "kl", "grad_norm") if not close(got[key], want[key])]
-    return out + [("updates", [s["updates"] for s in steps], [s["updates"] for s in expected])
-                  for _ in [0] if [s["updates"] for s in steps] != [s["updates"] for s in expected]]
+    updates, want_updates = [s["updates"] for s in steps], [s["updates"] for s in expected]
+    return out + ([("updates", updates, want_updates)] if updates != want_updates else [])
 
 
 def test_the_golden_file_was_made_from_the_shipped_base():

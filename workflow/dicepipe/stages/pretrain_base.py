@@ -162,7 +162,7 @@ def run(args, params) -> int:
                 "cutoff_len": recipe["cutoff_len"], "bf16": False, "compile": False, "pack": False,
                 "save_every_steps": 20, "seed": recipe["seed"]}
     env = init_distributed(args.device)
-    metrics = Path(args.work_dir or out.with_name(out.name + ".work")).with_name(out.name + ".metrics")
+    metrics = out.with_name(out.name + ".metrics")  # read back below, then removed
     paths = SFTPaths(out, metrics, Path(args.work_dir) if args.work_dir else out.with_name(out.name + ".work"))
     log.info("pretraining %s: %d examples (%d dropped) in %d rows", out, len(data.examples), data.dropped,
              len(data.rows))
@@ -173,7 +173,7 @@ def run(args, params) -> int:
     record = {
         # the command without where its checkpoints went (no effect on the result)
         "command": "dicepipe " + shlex.join(_without_work_dir(args.argv)),
-        "model": {k: v for k, v in spec.items()},
+        "model": dict(spec),
         "recipe": recipe,
         "train_settings": settings,
         "data_sha256": data_digest(pairs),
