@@ -35,6 +35,7 @@ STAGES: dict[str, tuple[str, str]] = {
     "provenance": ("provenance", "record a scale's params, package versions and input pins"),
     "pretrain-base": ("pretrain_base", "make the tiny scale's base model, or its corpus (not a pipeline stage)"),
     "score": ("score", "score anyone's kernels: a folder or parquet of (reference, candidate)"),
+    "cache": ("cache", "check the build cache and resume stores against their hashes; prune"),
 }
 
 log = logging.getLogger("dicepipe")

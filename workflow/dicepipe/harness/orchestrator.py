@@ -309,6 +309,9 @@ class Batch:
             item.keys = [key for key, _f in submitted]
             for spec, (_key, future) in zip(extracted["specs"], submitted):
                 status = future.result()
+                if status.get("damaged"):  # the cache's fault, not the candidate's
+                    item.final_row = prepared_failure(item, "harness", status["damaged"])
+                    return item
                 if not status.get("ok"):
                     item.final_row = prepared_failure(
                         item, "build", f"extension {spec['name']!r} failed to build",
@@ -366,7 +369,36 @@ class Batch:
             reply, again_s = self._timed_request(item, worker, measure_speed)
             self._after_job(item, worker, reply)
             seconds += again_s
-        return reply, seconds
+        if self._load_failed_on_damage(item, reply):
+            log.warning("job %s failed loading a damaged cache entry; running it again on "
+                        "the rebuilt entry", item.job.job_id)
+            reply, again_s = self._timed_request(item, worker, measure_speed)
+            self._after_job(item, worker, reply)
+            seconds += again_s
+        return self._blame_damage(item, reply), seconds
+
+    def _load_failed_on_damage(self, item: Prepared, reply: dict) -> bool:
+        """A job that failed loading its programs (the worker crashed, SIGBUS say, or an
+        ImportError) is the candidate's failure only if the builds it loaded match their
+        hashes; a damaged one is rebuilt (pools.BuildService.repair_damaged) and the job runs
+        again, once."""
+        if reply.get("op") == "failed":
+            failed = reply.get("phase", "").split(":")[0] in ("load", "build")
+        else:
+            failed = (reply.get("row") or {}).get("error_phase") in ("load", "build")
+        if not failed:
+            return False
+        builds = self.builds[item.job.backend]
+        return builds.repair_damaged(_loaded_keys(item, reply), item.token or item.job.job_id)
+
+    def _blame_damage(self, item: Prepared, reply: dict) -> dict:
+        """A job whose build was found damaged again after its rebuild fails as the
+        harness's (a row never reused), not as the candidate's."""
+        unrepairable = self.builds[item.job.backend].unrepairable
+        found = [unrepairable[k] for k in _loaded_keys(item, reply) if k in unrepairable]
+        if not found:
+            return reply
+        return {"op": "failed", "kind": "harness", "phase": "job", "error": found[0], "log": ""}
 
     def _timed_request(self, item: Prepared, worker: WorkerProcess,
                        measure_speed: bool) -> tuple[dict, float]:
@@ -423,8 +455,20 @@ class Batch:
             return {"op": "failed", "kind": "start", "phase": "start", "error": str(exc),
                     "log": ""}
 
+    @property
+    def repairs(self) -> list[str]:
+        """Damaged cache entries found and rebuilt so far, in order (one message each)."""
+        return [m for service in (*self.builds.values(), *self.extracts.values())
+                for m in service.repairs]
+
     def _finish(self, item: Prepared, row: dict) -> dict:
         builds = self.builds[item.job.backend]
         for name in ("error", "compile_log_tail"):
             row[name] = scrub_paths(row.get(name), self.root, self.cache)
         return account_builds(row, item, builds.built_by, builds.seconds)
+
+
+def _loaded_keys(item: Prepared, reply: dict) -> list[str]:
+    """The builds a job used: as its worker reported them, else as extraction found them."""
+    used = (reply.get("row") or {}).get("used_keys") if reply.get("op") == "result" else None
+    return list(dict.fromkeys([*(used or []), *item.keys]))

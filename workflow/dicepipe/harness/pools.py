@@ -10,13 +10,17 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import queue
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
-from .build.buildspec import normalize_spec, read_status, spec_key
+from .build.buildspec import build_dir, check_build, normalize_spec, spec_key
+from .build.entries import NO_HASH, discard, label, seal, unsealed
 from .workerproc import WorkerProcess
+
+log = logging.getLogger(__name__)
 
 
 class WorkerPool:
@@ -60,28 +64,94 @@ class BuildService:
         self.seconds: dict[str, float] = {}
         self.compiles_started = 0  # cache misses sent to a builder (for progress display)
         self.compiles_finished = 0
+        self.repairs: list[str] = []  # "cache entry X was damaged (why), rebuilt", in order
+        self._specs: dict[str, dict] = {}  # key -> spec (what a damaged entry is rebuilt from)
+        self._repaired: set[str] = set()  # keys rebuilt for damage in this batch (once each)
+        self.unrepairable: dict[str, str] = {}  # key -> why: damaged again after its rebuild
 
     def submit(self, spec: dict, job_id: str) -> tuple[str, Future]:
+        """The build of `spec`: from the cache when its entry matches its hashes, else built
+        (a damaged entry is removed first and reported)."""
         key = spec_key(spec, self.toolchain)
         with self._lock:
+            self._specs.setdefault(key, spec)
             future = self._futures.get(key)
             if future is not None:
                 return key, future
-            status = read_status(self.cache, key)
+            status, damage = check_build(self.cache, key)
+            if damage:
+                return key, self._rebuild(key, damage, job_id)
             if status is not None:
                 future = Future()
                 future.set_result(status)
             else:
-                self.built_by[key] = job_id
-                self.compiles_started += 1
-                future = self._executor.submit(self._build, spec, key)
+                future = self._start_build(spec, key, job_id)
             self._futures[key] = future
             return key, future
 
+    def _start_build(self, spec: dict, key: str, job_id: str) -> Future:
+        self.built_by[key] = job_id
+        self.compiles_started += 1
+        return self._executor.submit(self._build, spec, key)
+
+    def _rebuild(self, key: str, damage: str, job_id: str) -> Future:
+        """A damaged entry of `key`: removed and built again, once per batch; found damaged
+        again, its status says so (`damaged`) and the job fails as the harness's fault, never
+        the candidate's. Under _lock."""
+        name = label(self.cache, build_dir(self.cache, key))
+        future: Future = Future()
+        if key in self._repaired:
+            message = (f"cache entry {name} is damaged ({damage}) and was rebuilt once "
+                       f"already in this run: check the disk under {self.cache} "
+                       "(`dicepipe cache verify` lists damaged entries)")
+            log.error("%s", message)
+            self.unrepairable[key] = message
+            self._futures.pop(key, None)
+            future.set_result({"ok": False, "transient": True, "damaged": message,
+                               "log_tail": message})
+            return future
+        self._repaired.add(key)
+        discard(self.cache, build_dir(self.cache, key))
+        spec = self._specs.get(key)
+        if spec is None:  # met only inside a worker: built when the job asks for it again
+            self._note(f"{name} ({damage})", "removed")
+            self._futures.pop(key, None)
+            future.set_result({"ok": False, "transient": True, "removed": True})
+            return future
+        self._note(f"{name} ({damage})", "rebuilt")
+        future = self._start_build(spec, key, job_id)
+        self._futures[key] = future
+        return future
+
+    def _note(self, entry: str, done: str = "rebuilt") -> None:
+        message = f"cache entry {entry} was damaged, {done}"
+        log.warning("%s", message)
+        self.repairs.append(message)
+
     def build_now(self, spec: dict, key: str, job_id: str) -> dict:
-        """For a device worker that met a spec extraction missed."""
+        """For a device worker that met a spec extraction missed, or found its cached build
+        damaged (the entry is checked again here, even when this batch built it)."""
         _key, future = self.submit(spec, job_id)
-        return future.result()
+        status = future.result()
+        if status.get("ok") and self.repair_damaged([key], job_id):
+            _key, future = self.submit(spec, job_id)
+            status = future.result()
+        return status
+
+    def repair_damaged(self, keys: list[str], job_id: str) -> bool:
+        """Whether any of `keys` had a cached build that no longer matches its hashes (each
+        such entry is then rebuilt, or given up on: `unrepairable`). False: every entry is
+        healthy, so a job that failed loading them failed on its own."""
+        found = False
+        for key in dict.fromkeys(keys):
+            _status, damage = check_build(self.cache, key)
+            if damage:
+                found = True
+                with self._lock:
+                    self._futures.pop(key, None)
+                    future = self._rebuild(key, damage, job_id)
+                future.result()
+        return found
 
     def _build(self, spec: dict, key: str) -> dict:
         message = {"op": "build", "spec": spec, "key": key, "use_pch": self.use_pch,
@@ -92,6 +162,8 @@ class BuildService:
                       "log_tail": f"{reply['error']}\n{reply.get('log', '')}"}
         else:
             status = reply["status"]
+        for entry in status.pop("repaired", None) or []:  # found by the builder on its way
+            self._note(entry)
         self.seconds[key] = float(status.get("seconds", 0.0))
         with self._lock:
             self.compiles_finished += 1
@@ -105,11 +177,13 @@ class BuildService:
 
 
 class ExtractService:
-    """Extraction results are cached by content too: a second batch starts no extractor."""
+    """Extraction results are cached by content too: a second batch starts no extractor. A
+    record carries its own hash; one that does not match it is extracted again (reported)."""
 
     def __init__(self, pool: WorkerPool, cache: Path, toolchain: dict, timeout_s: float):
         self.pool, self.cache, self.timeout_s = pool, cache, timeout_s
         self._tool = json.dumps(toolchain, sort_keys=True)
+        self.repairs: list[str] = []
 
     def _path(self, job) -> Path:
         digest = hashlib.sha256(json.dumps([job.candidate_code, job.reference_code, job.backend,
@@ -119,9 +193,17 @@ class ExtractService:
     def extract(self, job) -> dict:
         path = self._path(job)
         try:
-            return json.loads(path.read_text())
-        except (OSError, ValueError):
-            pass
+            record, damage = unsealed(path.read_text())
+        except OSError:
+            record, damage = None, None
+        if record is not None:
+            return record
+        if damage:
+            discard(self.cache, path)
+            if damage != NO_HASH:  # a record from before records were hashed: not damage
+                message = f"cache entry {label(self.cache, path)} was damaged ({damage}), rebuilt"
+                log.warning("%s", message)
+                self.repairs.append(message)
         message = {"op": "extract", "candidate_code": job.candidate_code,
                    "reference_code": job.reference_code}
         # the worker exits after a failed extraction (state left behind): do not race it
@@ -139,7 +221,7 @@ class ExtractService:
             path.parent.mkdir(parents=True, exist_ok=True)
             # two jobs with the same files may finish extraction at once: private tmp names
             tmp = path.with_name(f"{path.name}.{threading.get_ident()}.tmp")
-            tmp.write_text(json.dumps(result))
+            tmp.write_text(json.dumps(seal(result)))
             tmp.replace(path)
         return result
 

@@ -4,6 +4,12 @@ Rows are appended to a JSON-lines journal beside `results_path` the moment a job
 (one `write` + `fsync` each), so a killed run loses at most the row being written; the
 Parquet file itself is rewritten atomically from time to time and at the end.
 
+Every stored row carries its hash (`row_digest`: sha256 of the row as the schema reads it),
+written with it: in the same journal line, and in the Parquet file's metadata
+(ROW_DIGESTS_KEY). A row that does not match its hash is left out when the store is read
+(`damaged` names it) and so measured again; a file written before rows were hashed has
+none, and its rows are taken as they are.
+
 One writer per results file: a writable store holds an exclusive `flock` on `<results>.lock`
 beside it from opening to `close()` (the kernel drops it when the process dies, so a killed
 run leaves no stale lock). A second writer waits up to `wait_s` for it, then refuses with the
@@ -15,6 +21,7 @@ from __future__ import annotations
 
 import errno
 import fcntl
+import hashlib
 import json
 import logging
 import math
@@ -115,6 +122,27 @@ RESULT_SCHEMA = pa.schema(
 )
 
 _LIST_COLUMNS = [f.name for f in RESULT_SCHEMA if pa.types.is_list(f.type)]
+ROW_DIGESTS_KEY = b"dicepipe.row_sha256"  # Parquet metadata: {job_id: row_digest}
+JOURNAL_DIGEST = "row_sha256"  # a journal line's own key beside the row's columns
+
+
+def _digest_of_normalised(row: dict) -> str:
+    blob = json.dumps({name: row.get(name) for name in RESULT_SCHEMA.names}, sort_keys=True,
+                      allow_nan=True, default=str)
+    return hashlib.sha256(blob.encode()).hexdigest()
+
+
+def _journal_row_digest(row: dict) -> str | None:
+    try:
+        return row_digest(row)
+    except (pa.ArrowException, TypeError, ValueError, OverflowError):
+        return None  # values the schema cannot hold: damaged
+
+
+def row_digest(row: dict) -> str:
+    """The hash a stored row carries: of its schema columns, as a Parquet round trip gives
+    them back (so the same row hashes the same from the journal, the file or memory)."""
+    return _digest_of_normalised(rows_to_table([row]).to_pylist()[0])
 
 
 def empty_row(job_id: str, backend: str) -> dict:
@@ -165,6 +193,7 @@ class ResultStore:
                  wait_s: float = 0.0):
         self.path = Path(results_path) if results_path is not None else None
         self.rows: dict[str, dict] = {}
+        self.damaged: list[str] = []  # job ids whose stored row did not match its hash
         self._journal = None
         self._lock: WriterLock | None = None
         if self.path is None:
@@ -183,16 +212,30 @@ class ResultStore:
     def _load(self, writable: bool) -> None:
         if self.path.is_file():
             try:
-                for row in pq.read_table(self.path).to_pylist():
-                    self.rows[row["job_id"]] = row
+                self._read_file()
             except Exception as exc:  # a torn file from an older crash: the journal has the rows
                 log.warning("%s: unreadable (%s); reading its journal", self.path, exc)
         if self.journal_path.is_file():
             self._read_journal()
+        if self.damaged:
+            log.warning("%s: %d stored rows do not match their hash (damaged), left out and "
+                        "measured again: %s", self.path, len(self.damaged),
+                        ", ".join(self.damaged[:10]))
         if writable:
             self._journal = open(self.journal_path, "a", encoding="utf-8")
 
+    def _read_file(self) -> None:
+        table = pq.read_table(self.path)
+        meta = (table.schema.metadata or {}).get(ROW_DIGESTS_KEY)
+        digests = json.loads(meta) if meta is not None else None
+        for row in table.to_pylist():
+            if digests is not None and digests.get(row["job_id"]) != _digest_of_normalised(row):
+                self.damaged.append(row["job_id"])
+                continue
+            self.rows[row["job_id"]] = row
+
     def _read_journal(self) -> None:
+        lines: list[tuple[dict, str | None]] = []
         with open(self.journal_path, encoding="utf-8") as fh:
             for line in fh:
                 try:
@@ -200,7 +243,18 @@ class ResultStore:
                 except json.JSONDecodeError:
                     continue  # the line a kill cut short
                 if isinstance(row, dict) and "job_id" in row:
-                    self.rows[row["job_id"]] = row
+                    lines.append((row, row.pop(JOURNAL_DIGEST, None)))
+        hashed = [row for row, digest in lines if digest is not None]
+        try:  # all at once: one table is far quicker than a table per row
+            normalised = iter(rows_to_table(hashed).to_pylist())
+            found = {id(row): _digest_of_normalised(next(normalised)) for row in hashed}
+        except (pa.ArrowException, TypeError, ValueError, OverflowError):
+            found = {id(row): _journal_row_digest(row) for row in hashed}
+        for row, digest in lines:
+            if digest is not None and digest != found[id(row)]:
+                self.damaged.append(str(row["job_id"]))
+                continue
+            self.rows[row["job_id"]] = row
 
     @classmethod
     def read(cls, results_path: str | os.PathLike) -> list[dict]:
@@ -218,7 +272,8 @@ class ResultStore:
     def add(self, row: dict) -> None:
         self.rows[row["job_id"]] = row
         if self._journal is not None:
-            self._journal.write(json.dumps(row, allow_nan=True) + "\n")
+            line = dict(row, **{JOURNAL_DIGEST: row_digest(row)})
+            self._journal.write(json.dumps(line, allow_nan=True) + "\n")
             self._journal.flush()
             os.fsync(self._journal.fileno())
 
@@ -227,8 +282,10 @@ class ResultStore:
         if self.path is None:
             return
         table = rows_to_table(self.rows[k] for k in sorted(self.rows))
+        digests = {row["job_id"]: _digest_of_normalised(row) for row in table.to_pylist()}
         tmp = self.path.with_name(self.path.name + ".tmp")
-        pq.write_table(table.replace_schema_metadata(None), tmp, compression="zstd")
+        meta = {ROW_DIGESTS_KEY: json.dumps(digests, sort_keys=True).encode()}
+        pq.write_table(table.replace_schema_metadata(meta), tmp, compression="zstd")
         tmp.replace(self.path)
 
     def close(self) -> None:

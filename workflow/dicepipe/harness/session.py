@@ -25,7 +25,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Iterable
 from concurrent.futures import Future
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pyarrow as pa
@@ -47,6 +47,15 @@ METHOD_VERSION = 5
 
 log = logging.getLogger(__name__)
 FLUSH_EVERY_S = 60.0
+# Set (to anything but "" or "0"), every call measures its jobs again instead of reusing the
+# rows of its results file (the same as `--remeasure` of verify and score); new rows still
+# replace the stored ones, so a later run without it reuses them.
+REMEASURE_ENV = "DICEPIPE_REMEASURE"
+
+
+def remeasure_asked(flag: bool = False) -> bool:
+    """Whether stored rows are to be measured again: the flag, or REMEASURE_ENV set."""
+    return flag or os.environ.get(REMEASURE_ENV, "") not in ("", "0")
 # Rows remembered for de-duplication (LRU); a row is a few kB, so a few tens of MB at most.
 MEMO_ROWS = 20_000
 # Not the candidate's doing (the harness or a worker failed to start, or failed around the
@@ -63,7 +72,10 @@ class CallSummary:
     copied: int = 0  # identical to a job measured earlier in this session (this call or before)
     from_store: int = 0  # taken from results_path (same job id and content)
     stale_in_store: int = 0  # stored under the job id but for other content: measured again
+    damaged_in_store: int = 0  # stored rows that did not match their hash: measured again
+    ignored_in_store: int = 0  # stored rows passed over because re-measurement was asked for
     unrun: int = 0  # rows decided before any run (an unreadable input file)
+    repairs: list[str] = field(default_factory=list)  # damaged cache entries rebuilt
 
     def line(self) -> str:
         text = (f"{self.jobs} jobs: {self.measured} measured, {self.copied} copied from "
@@ -73,7 +85,17 @@ class CallSummary:
         if self.stale_in_store:
             text += (f" ({self.stale_in_store} stored rows were for another program or "
                      f"settings and were measured again)")
+        if self.damaged_in_store:
+            text += (f" ({self.damaged_in_store} stored rows were damaged (their content does "
+                     "not match their hash) and were measured again)")
+        if self.ignored_in_store:
+            text += (f" ({self.ignored_in_store} stored rows not reused: re-measurement "
+                     f"was asked for, {REMEASURE_ENV} or --remeasure)")
         return text
+
+    def lines(self) -> list[str]:
+        """The summary line, then one line per damaged cache entry rebuilt."""
+        return [self.line(), *self.repairs]
 
 
 def stored_results(folder: str | os.PathLike | None, name: str,
@@ -153,7 +175,8 @@ class HarnessSession:
 
     def evaluate(self, jobs: Iterable[Job], results_path: str | os.PathLike | None = None,
                  progress: bool = True, measure_speed: bool = True,
-                 wait_s: float = 0.0, unrun: Iterable[dict] = ()) -> pa.Table:
+                 wait_s: float = 0.0, unrun: Iterable[dict] = (),
+                 remeasure: bool = False) -> pa.Table:
         """One RESULT_SCHEMA row per job, in the order of `jobs`, then the `unrun` rows.
 
         measure_speed=False: correctness only (never timed: speed columns empty/null).
@@ -161,6 +184,8 @@ class HarnessSession:
         before refusing with a HarnessError that names it.
         unrun: rows decided before any run (an input file that could not be read, made with
         results.empty_row): stored beside the others, never reused (no content key).
+        remeasure: no row of `results_path` is reused (also when REMEASURE_ENV is set); the
+        new rows replace them there.
         """
         jobs = list(jobs)
         unrun = [finish_row(dict(row, content_key=None)) for row in unrun]
@@ -171,8 +196,10 @@ class HarnessSession:
         keys = {job.job_id: self.content_key(job, measure_speed) for job in jobs}
         summary = CallSummary(jobs=len(ids), unrun=len(unrun))
         store = ResultStore(results_path, wait_s=wait_s)
+        repairs_before = len(self._batch.repairs) if self._batch is not None else 0
         try:
-            rows, first, copies = self._plan(jobs, keys, store, summary)
+            rows, first, copies = self._plan(jobs, keys, store, summary,
+                                             remeasure_asked(remeasure))
             for row in unrun:
                 rows[row["job_id"]] = row
                 store.add(row)
@@ -186,19 +213,27 @@ class HarnessSession:
                 store.close()
         finally:
             store.close()
+        if self._batch is not None:
+            summary.repairs = self._batch.repairs[repairs_before:]
         self.last_summary = summary
-        log.info("harness: %s", summary.line())
+        for line in summary.lines():
+            log.info("harness: %s", line)
         return rows_to_table(rows[i] for i in ids)
 
-    def _plan(self, jobs: list[Job], keys: dict, store: ResultStore,
-              summary: CallSummary) -> tuple[dict, dict, dict]:
+    def _plan(self, jobs: list[Job], keys: dict, store: ResultStore, summary: CallSummary,
+              remeasure: bool = False) -> tuple[dict, dict, dict]:
         """Rows known already; the first job of every new key; the jobs that copy it."""
         rows: dict[str, dict] = {}
         first: dict[str, Job] = {}
         copies: dict[str, list[Job]] = {}
+        damaged = set(store.damaged)
         for job in jobs:
             key = keys[job.job_id]
             stored = store.rows.get(job.job_id)
+            if stored is not None and remeasure:
+                summary.ignored_in_store += 1
+                stored = None
+            summary.damaged_in_store += stored is None and job.job_id in damaged
             if stored is not None and _reusable(stored, key):
                 rows[job.job_id] = stored
                 self._remember(key, stored)
@@ -340,7 +375,8 @@ class HarnessSession:
 
 def evaluate(jobs: Iterable[Job], settings: HarnessSettings,
              results_path: str | os.PathLike | None = None, progress: bool = True,
-             measure_speed: bool = True) -> pa.Table:
+             measure_speed: bool = True, remeasure: bool = False) -> pa.Table:
     """One-shot: a session for one call (workers started and stopped here)."""
     with HarnessSession(settings) as session:
-        return session.evaluate(jobs, results_path, progress, measure_speed)
+        return session.evaluate(jobs, results_path, progress, measure_speed,
+                                remeasure=remeasure)

@@ -42,6 +42,9 @@ def add_arguments(parser) -> None:
     parser.add_argument("--wait-s", type=float, default=0.0,
                         help="seconds to wait while another run writes --out (default 0: "
                              "refuse at once, naming it)")
+    parser.add_argument("--remeasure", action="store_true",
+                        help="measure every kernel again instead of reusing the rows --out "
+                             "holds (also: DICEPIPE_REMEASURE=1)")
 
 
 @dataclass
@@ -137,11 +140,17 @@ def summarize(table, thresholds: list[float], robust: bool, protocols: dict) -> 
     from ..evaluation.metrics import p_label, score_group
 
     rows = table.to_pylist()
-    n = len(rows)
     kind = "robust" if robust else "plain"
-    records = [{"task_id": r["job_id"], "level": 0, "reference_ok": True, "result": r}
-               for r in rows]
-    lines = [f"{n} kernels: {sum(bool(r['compiled']) for r in rows)} compiled"]
+    # a reference that fails on its own (its get_inputs raising, say) is the task's failure,
+    # left out of every count as evaluation leaves it out (evaluation/scoring.reference_status)
+    records = [{"task_id": r["job_id"], "level": 0,
+                "reference_ok": r.get("error_phase") != "reference", "result": r} for r in rows]
+    failed = [r["result"]["job_id"] for r in records if not r["reference_ok"]]
+    n = len(rows) - len(failed)
+    lines = [f"{len(rows)} kernels: {sum(bool(r['compiled']) for r in rows)} compiled"]
+    if failed:
+        lines.append(f"{len(failed)} references failed on their own (a reference failure, not a "
+                     f"wrong candidate; left out of the counts below): {_names(failed)}")
 
     def count(share):  # score_group's shares are means over one-row tasks
         return round((share or 0) * n)
@@ -184,9 +193,12 @@ def run(args, params: dict) -> int:
     store = stored_results(None, args.out, settings)  # the file the user names
     with HarnessSession(settings) as session:
         table = session.evaluate(found.jobs, results_path=store, progress=True,
-                                 wait_s=args.wait_s, unrun=found.unreadable)
-        # how many rows --out already held for the same programs and settings
-        print(session.last_summary.line())
+                                 wait_s=args.wait_s, unrun=found.unreadable,
+                                 remeasure=args.remeasure)
+        # how many rows --out already held for the same programs and settings, and any
+        # damaged cache entry that was rebuilt
+        for line in session.last_summary.lines():
+            print(line)
     for line in summarize(table, args.thresholds, params["score"]["robust"], params["protocols"]):
         print(line)
     for line in unpaired_lines(found):

@@ -28,6 +28,10 @@ def add_arguments(parser) -> None:
     parser.add_argument("--samples", required=True, help="ingested samples parquet")
     parser.add_argument("--shard", required=True, help="which shard, as 'I-of-N' (1-based)")
     parser.add_argument("--out", required=True, help="this shard's measurements parquet")
+    parser.add_argument("--remeasure", action="store_true",
+                        help="measure every sample again instead of reusing the resume "
+                             "store's rows (also: DICEPIPE_REMEASURE=1, which reaches the "
+                             "command under Snakemake and DVC)")
 
 
 def parse_shard(text: str) -> tuple[int, int]:
@@ -64,7 +68,8 @@ def run(args, params: dict) -> int:
                 candidate_code=s["candidate_code"], backend=s["backend"]) for s in mine]
     resume_path = stored_results(RESUME_DIR / args.corpus, args.shard, settings)
     resume_path.parent.mkdir(parents=True, exist_ok=True)
-    table = evaluate(jobs, settings, results_path=resume_path, progress=True)
+    table = evaluate(jobs, settings, results_path=resume_path, progress=True,
+                     remeasure=args.remeasure)
     order = {job.job_id: i for i, job in enumerate(jobs)}
     table = _sorted_by(table, "job_id", order)
     write_table(table, args.out)

@@ -34,18 +34,27 @@ from .compile_steps import (
     StepError,
     cpu_slot,
     holding_line,
-    recoverable,
     record_step,
+    recoverable,
     replay_failure,
     run_command,
     run_measured,
     run_steps,
     wait_for_lock,
-    write_atomic,
+)
+from .entries import (
+    check_build_folder,
+    checked_entry,
+    checked_or_removed,
+    discard,
+    file_digest,
+    record_hash,
+    seal_build,
+    taken_repairs,
+    write_checked,
 )
 from .nvcc_split import compile_cuda
-from .preludes import (binding_block, binding_suspects, has_token, minimal_source,
-                       prelude_path)
+from .preludes import binding_block, binding_suspects, has_token, minimal_source, prelude_path
 
 LOG_LIMIT = 6000
 
@@ -90,9 +99,11 @@ def build_spec(spec: dict, key: str, cache: Path, use_pch: bool,
     use_pch, light_headers and minimal_headers change how a source compiles, not what it
     computes, so they are not part of the key (see nvcc_split.compile_cuda and preludes)."""
     final = build_dir(cache, key)
-    status_file = final / "status.json"
-    if status_file.is_file():
-        return json.loads(status_file.read_text())
+    status, damage = check_build_folder(final)
+    if status is not None:
+        return status
+    if damage:  # the orchestrator reports it (pools.BuildService); here it is only replaced
+        discard(cache, final)
     tmp_root = cache / "tmp"
     tmp_root.mkdir(parents=True, exist_ok=True)
     _clean_stale_tmp(tmp_root)
@@ -103,17 +114,23 @@ def build_spec(spec: dict, key: str, cache: Path, use_pch: bool,
     status = _compile(spec, key, tmp, cache, use_pch, light_headers, steps, minimal_headers)
     status["seconds"] = round(time.monotonic() - start, 3)
     status["steps"] = steps  # one record per compiler run (compile_steps.record_step)
+    repaired = taken_repairs()
     for junk in list(tmp.glob("*.o")) + list(tmp.glob("*.o.d")) + list(tmp.glob(".ninja_*")):
         junk.unlink(missing_ok=True)
     shutil.rmtree(tmp / "nvcc", ignore_errors=True)  # nvcc's intermediates: ~50 MB a build
-    (tmp / "status.json").write_text(json.dumps(status))
+    # the module's hash and the status's own, inside the folder that is renamed into place
+    module = [f"{module_name(key)}.so"] if status["ok"] else []
+    (tmp / "status.json").write_text(json.dumps(seal_build(status, tmp, module)))
     final.parent.mkdir(parents=True, exist_ok=True)
     try:
         os.rename(tmp, final)
     except OSError:  # another builder finished the same key first: keep theirs
         shutil.rmtree(tmp, ignore_errors=True)
-        if status_file.is_file():
-            return json.loads(status_file.read_text())
+        theirs, _damage = check_build_folder(final)
+        if theirs is not None:
+            status = theirs
+    if repaired:  # reported by the orchestrator, not kept in status.json
+        status = dict(status, repaired=repaired)
     return status
 
 
@@ -264,12 +281,12 @@ def compile_host_object(step: dict, folder: Path, cache: Path, log: list[str], n
     entry = cache / "host-objects" / key[:2] / key
     entry.parent.mkdir(parents=True, exist_ok=True)
     obj = folder / out
-    note = _take_host_object(entry, obj, placeholder, name, folder, log)
+    note = _take_host_object(entry, obj, placeholder, name, folder, log, cache)
     if note:
         return note
     with open(entry.with_suffix(".lock"), "w") as lock:
         wait_for_lock(lock)  # another build compiling it: its cuda unit goes ahead meanwhile
-        note = _take_host_object(entry, obj, placeholder, name, folder, log)
+        note = _take_host_object(entry, obj, placeholder, name, folder, log, cache)
         if note:
             return note
         try:
@@ -280,11 +297,11 @@ def compile_host_object(step: dict, folder: Path, cache: Path, log: list[str], n
             # a killed, crashed or starved compiler: only that one is the next build's too
             if (message.startswith("command failed (exit 1)") and _LOCATED_ERROR.search(message)
                     and not _TRANSIENT.search(message)):
-                write_atomic(entry.with_suffix(".fail"),
+                write_checked(cache, entry.with_suffix(".fail"),
                               message.replace(str(folder), "{build}").encode())
             raise
         data = obj.read_bytes()
-        write_atomic(entry.with_suffix(".o"), data)
+        write_checked(cache, entry.with_suffix(".o"), data)
         obj.write_bytes(data.replace(placeholder.encode(), name.encode()))
         return "host-object:made"
 
@@ -322,17 +339,21 @@ def _toolchain_identity(command: str) -> str:
 
 
 def _take_host_object(entry: Path, obj: Path, placeholder: str, name: str, folder: Path,
-                      log: list[str]) -> str:
+                      log: list[str], cache: Path) -> str:
+    """The shared object (or compiler error) of this text, checked against its hash; a
+    damaged one is removed (and made again by this build)."""
     start = time.monotonic()
-    made = entry.with_suffix(".o")
-    if made.is_file():
-        obj.write_bytes(made.read_bytes().replace(placeholder.encode(), name.encode()))
+    made = checked_entry(cache, entry.with_suffix(".o"))
+    if made is not None:
+        obj.write_bytes(made.replace(placeholder.encode(), name.encode()))
         record_step("host:shared", time.monotonic() - start, 0.0)
         return "host-object:shared"
-    failed = entry.with_suffix(".fail")
-    if failed.is_file():
-        replay_failure("host:shared", failed.read_text().replace("{build}", str(folder)), log)
+    failed = checked_entry(cache, entry.with_suffix(".fail"))
+    if failed is not None:
+        replay_failure("host:shared", failed.decode().replace("{build}", str(folder)), log)
     return ""
+
+
 
 
 def _check_bindings(step: dict, source: Path, text: str, ninja_file: Path, folder: Path,
@@ -409,12 +430,12 @@ def _ensure_pch(ninja_file: Path, pch_dir: Path, cache: Path) -> str:
     takes one parse of torch's headers, and compiling without it would take the same again.
     """
     target = pch_dir / "torch" / "extension.h.gch"
-    if target.is_file() and (pch_dir / "torch" / "extension.h").exists():
+    if (pch_dir / "torch" / "extension.h").exists() and checked_or_removed(cache, target):
         return "pch:hit"
     target.parent.mkdir(parents=True, exist_ok=True)
     with open(pch_dir / "lock", "w") as lock:
         wait_for_lock(lock)
-        if target.is_file() and (pch_dir / "torch" / "extension.h").exists():
+        if (pch_dir / "torch" / "extension.h").exists() and checked_or_removed(cache, target):
             return "pch:hit"
         if (pch_dir / "failed").is_file():
             return "pch:failed"
@@ -424,7 +445,7 @@ def _ensure_pch(ninja_file: Path, pch_dir: Path, cache: Path) -> str:
 
         header = os.path.join(ce._TORCH_PATH, "include", "torch", "extension.h")
         link = pch_dir / "torch" / "extension.h"
-        if target.is_file():  # made by an older builder that left out the link
+        if checked_or_removed(cache, target):  # made by an older builder, without the link
             os.symlink(header, link)
             return "pch:hit"
         tmp = target.with_name(f"extension.h.gch.{os.getpid()}")
@@ -441,6 +462,7 @@ def _ensure_pch(ninja_file: Path, pch_dir: Path, cache: Path) -> str:
         # header beside its .gch: the link sends it to the real one (#pragma once holds).
         if not link.exists():
             os.symlink(header, link)
+        record_hash(cache, target, file_digest(tmp))
         os.rename(tmp, target)
         return "pch:built"
 
@@ -472,7 +494,7 @@ def _ensure_prelude_pch(header: Path | None, ninja_file: Path, cache: Path) -> s
     folder = header.with_name(header.name + ".gch")
     target = folder / digest
     failed = header.with_name(f"{header.name}.{digest}.failed")
-    if target.is_file():
+    if checked_or_removed(cache, target):
         return "prelude-pch:hit"
     if failed.is_file():
         return "prelude-pch:failed-before"
@@ -490,7 +512,7 @@ def _ensure_prelude_pch(header: Path | None, ninja_file: Path, cache: Path) -> s
                 return "prelude-pch:busy"
             wait_for_lock(lock)
             waited = True
-        if target.is_file():
+        if checked_or_removed(cache, target):
             return "prelude-pch:waited" if waited else "prelude-pch:hit"
         if failed.is_file():
             return "prelude-pch:failed-before"
@@ -503,6 +525,7 @@ def _ensure_prelude_pch(header: Path | None, ninja_file: Path, cache: Path) -> s
             tmp.unlink(missing_ok=True)
             failed.write_text(stderr[-4000:])
             return "prelude-pch:failed"
+        record_hash(cache, target, file_digest(tmp))
         os.replace(tmp, target)
         return "prelude-pch:built"
 

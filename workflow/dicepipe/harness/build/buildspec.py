@@ -21,6 +21,7 @@ import sys
 from pathlib import Path
 
 from ...errors import HarnessError
+from .entries import check_build_folder
 
 # Bumped whenever the way builds are made changes, so no stale (or stale failed) build is reused.
 BUILDER_VERSION = 1
@@ -92,16 +93,19 @@ def so_path(cache: Path, key: str) -> Path:
     return build_dir(cache, key) / f"{module_name(key)}.so"
 
 
-def read_status(cache: Path, key: str) -> dict | None:
-    """The cached build's status ({"ok": bool, "log_tail": str, ...}) or None if never built."""
-    path = build_dir(cache, key) / "status.json"
-    try:
-        status = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
-    if status.get("ok") and not so_path(cache, key).is_file():
-        return None
-    return status
+def check_build(cache: Path, key: str, files: bool = True) -> tuple[dict | None, str | None]:
+    """(status, None) of a healthy cached build ({"ok": bool, "log_tail": str, ...}), (None,
+    None) if never built, (None, why) where the entry is damaged (entries.check_build_folder:
+    status.json and, with `files`, the module are checked against the hashes written with
+    them)."""
+    return check_build_folder(build_dir(cache, key), files)
+
+
+def read_status(cache: Path, key: str, files: bool = True) -> dict | None:
+    """The cached build's status, or None if never built or damaged (built again then).
+    A device worker reads it with `files=False`: the orchestrator checks the module's hash
+    before the job and again after any failure to load it (orchestrator.py)."""
+    return check_build(cache, key, files)[0]
 
 
 # --- toolchain fingerprint -----------------------------------------------------------------

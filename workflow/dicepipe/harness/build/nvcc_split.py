@@ -44,10 +44,15 @@ from .compile_steps import (
     run_commands,
     run_measured,
     wait_for_lock,
-    write_atomic,
 )
-from .preludes import (NEEDS_ALL, minimal_source, only_missing_declarations,
-                       slim_conflicts, slim_originals)
+from .entries import checked_or_removed, file_digest, record_hash, write_checked
+from .preludes import (
+    NEEDS_ALL,
+    minimal_source,
+    only_missing_declarations,
+    slim_conflicts,
+    slim_originals,
+)
 
 
 def placeholder(module_id: str) -> str:
@@ -342,7 +347,7 @@ def _split_unit(argv: list[str], folder: Path, keep: Path):
 def _ensure_header(header_dir: Path, prefix: str, base: list[str], folder: Path,
                    cache: Path, env: dict) -> str:
     gch = header_dir / "prefix.h.gch"
-    if gch.is_file():
+    if _header_healthy(header_dir, cache):
         return "hit"
     if (header_dir / "failed").is_file():
         return "failed-before"
@@ -359,12 +364,12 @@ def _ensure_header(header_dir: Path, prefix: str, base: list[str], folder: Path,
     header_dir.mkdir(exist_ok=True)
     with open(header_dir / "lock", "w") as lock:
         wait_for_lock(lock)  # waits, holding no CPU slot, for a builder making it
-        if gch.is_file():
+        if _header_healthy(header_dir, cache):
             return "hit"
         if (header_dir / "failed").is_file():
             return "failed-before"
         header = header_dir / "prefix.h"
-        write_atomic(header, prefix)
+        write_checked(cache, header, prefix)
         tmp = header_dir / f"prefix.h.gch.{os.getpid()}"
         cmd = [a for a in base if a != "-c"]
         for k in range(len(cmd) - 1):
@@ -378,5 +383,13 @@ def _ensure_header(header_dir: Path, prefix: str, base: list[str], folder: Path,
             tmp.unlink(missing_ok=True)
             (header_dir / "failed").write_text(stderr[-4000:])
             return "failed"
+        record_hash(cache, gch, file_digest(tmp))
         os.replace(tmp, gch)
         return "built"
+
+
+def _header_healthy(header_dir: Path, cache: Path) -> bool:
+    """The precompiled prefix and its text are there and match their hashes (a damaged one
+    is removed, to be made again)."""
+    return (checked_or_removed(cache, header_dir / "prefix.h.gch")
+            and checked_or_removed(cache, header_dir / "prefix.h"))

@@ -54,6 +54,8 @@ import re
 from functools import lru_cache
 from pathlib import Path
 
+from .entries import note_repair
+
 # torch/types.h's names in namespace torch, beyond `using namespace at`
 _DTYPES = {"kUInt8": "at::kByte", "kInt8": "at::kChar", "kInt16": "at::kShort",
            "kInt32": "at::kInt", "kInt64": "at::kLong", "kUInt16": "at::kUInt16",
@@ -178,11 +180,23 @@ def write_prelude(text: str, cache: Path, folder: Path | None = None) -> Path:
     folder = folder or cache / "preludes"
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"{digest}.h"
-    if not path.is_file():
+    if not path.is_file() or _damaged_prelude(path, digest, cache):
         tmp = folder / f"{digest}.h.{os.getpid()}"
         tmp.write_text(text)
         os.replace(tmp, path)
     return path.resolve()
+
+
+def _damaged_prelude(path: Path, digest: str, cache: Path) -> bool:
+    """A prelude is named by its text's digest, which is its hash: one whose text no longer
+    matches its name is noted and written again."""
+    try:
+        ok = hashlib.sha256(path.read_bytes()).hexdigest()[:24] == digest
+    except OSError:
+        return True
+    if not ok:
+        note_repair(cache, path, "its text does not match the digest in its name")
+    return not ok
 
 
 # ------------------------------------------------------------------ slim operator headers

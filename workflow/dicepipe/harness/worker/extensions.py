@@ -33,7 +33,7 @@ class ExtensionResolver:
             self.used.append(key)
         module = ctx.extensions.get(key)
         if module is None:
-            status = read_status(ctx.cache, key)
+            status = read_status(ctx.cache, key, files=False)  # the host checks the module
             if status is None:
                 self.requested.append(key)
                 status = ctx.request_build(spec, key)

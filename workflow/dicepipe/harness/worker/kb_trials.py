@@ -53,7 +53,12 @@ def run_kernelbench_trials(get_inputs, ref_model, cand_model, count: int, device
     with torch.no_grad():
         for seed in trial_seeds(count):
             torch.manual_seed(seed)
-            inputs = C.to_device(list(get_inputs()), device)
+            try:  # the task's own inputs failing is the reference's failure, as its call is
+                inputs = C.to_device(list(get_inputs()), device)
+            except torch.cuda.OutOfMemoryError:
+                raise  # the card's limit, not the reference's fault
+            except Exception as exc:
+                raise on_reference_error(exc) from exc
             torch.manual_seed(seed)
             try:
                 ref = ref_model(*inputs)

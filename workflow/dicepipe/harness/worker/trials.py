@@ -98,7 +98,13 @@ def probe_reference(get_inputs, ref_model, seed: int, trials: int, device: str,
 
 
 def run_trial(get_inputs, ref_model, cand_model, seed: int, variant: str, device: str) -> dict:
-    base = C.draw_inputs(get_inputs, seed, device)
+    try:
+        base = C.draw_inputs(get_inputs, seed, device)
+    except torch.cuda.OutOfMemoryError:
+        raise  # the card's limit, not the reference's fault
+    except Exception as exc:  # the task's own inputs failing: the reference's failure
+        raise ReferenceFailed("reference failed drawing its inputs (get_inputs): " +
+                              "".join(traceback.format_exception(exc))[-2000:]) from exc
     call_seed = seed * 7 + 3
     inputs, ref, ref_in, variant = _reference_first(ref_model, base, seed, variant, call_seed,
                                                     device)
