@@ -27,3 +27,7 @@ class AcquireError(DicepipeError):
 
 class StageInputError(DicepipeError):
     """A stage's input file is missing or does not match its schema."""
+
+
+class CheckpointError(DicepipeError):
+    """A model or checkpoint folder is damaged, or the disk has no room to write one."""

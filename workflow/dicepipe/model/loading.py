@@ -17,7 +17,8 @@ from pathlib import Path
 from typing import Any
 
 from ..config import is_hub_id
-from ..errors import ModelError
+from ..errors import CheckpointError, ModelError
+from .manifest import check_model_folder, rebuild_hint
 from .settings import BLOCK_SETTINGS_FILE, BlockSettings
 from .tokenizer import chat_format, stop_token_ids
 
@@ -71,6 +72,7 @@ def _check_folder(folder: Path, key: str) -> None:
         raise ModelError(f"{folder}: no config.json; not a transformers checkpoint folder ({key}).")
     if not any(folder.glob("*.safetensors")) and not any(folder.glob("*.bin")):
         raise ModelError(f"{folder}: no weight files (*.safetensors); the download is incomplete ({key}).")
+    check_model_folder(folder)
 
 
 def qwen3_config_from_checkpoint(config_dict: dict):
@@ -98,10 +100,15 @@ def _load_tokenizer(folder: Path):
 
 
 def _load_weights(folder: Path, config, dtype, device):
+    from safetensors import SafetensorError
     from transformers import Qwen3ForCausalLM
 
-    model = Qwen3ForCausalLM.from_pretrained(str(folder), config=config, dtype=dtype,
-                                             attn_implementation="sdpa")
+    try:
+        model = Qwen3ForCausalLM.from_pretrained(str(folder), config=config, dtype=dtype,
+                                                 attn_implementation="sdpa")
+    except (SafetensorError, OSError, EOFError) as exc:  # damage the manifest check cannot see
+        raise CheckpointError(f"cannot read the weights of {folder} ({type(exc).__name__}: {exc}); "
+                              f"the folder is damaged. {rebuild_hint(folder)}") from exc
     return model.to(device).eval()
 
 
@@ -172,23 +179,38 @@ def build_tiny(spec: dict, tokenizer, *, device="cpu") -> LoadedModel:
 
 def save_model(folder: str | Path, loaded: LoadedModel, state_dict: dict | None = None,
                dtype=None) -> None:
-    """save_pretrained (weights, config, tokenizer) + block settings, atomically: written to
-    a sibling temporary folder, then renamed over `folder`."""
+    """save_pretrained (weights, config, tokenizer) + block settings + MANIFEST.json (last),
+    atomically: written to a sibling temporary folder, then renamed over `folder`. A disk
+    without room for it stops before anything is written (CheckpointError)."""
+    from . import manifest
+
     folder = Path(folder)
     tmp = folder.with_name(folder.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
     if state_dict is None:
         state_dict = loaded.model.state_dict()
     if dtype is not None:
         state_dict = {k: v.to(dtype) if v.is_floating_point() else v for k, v in state_dict.items()}
-    loaded.model.save_pretrained(str(tmp), state_dict=state_dict)
-    loaded.tokenizer.save_pretrained(str(tmp))
-    loaded.settings.save(tmp)
-    _normalise_config(tmp / "config.json", dtype)
+    needed = manifest.space_needed(manifest.tensor_bytes(state_dict))
+    manifest.ensure_space(folder.parent, manifest.tensor_bytes(state_dict), "model folder")
+    tmp.mkdir(parents=True)
+    try:
+        loaded.model.save_pretrained(str(tmp), state_dict=state_dict)
+        loaded.tokenizer.save_pretrained(str(tmp))
+        loaded.settings.save(tmp)
+        _normalise_config(tmp / "config.json", dtype)
+        files = manifest.write_manifest(tmp)["files"]
+    except Exception as exc:
+        full = manifest.is_out_of_space(exc, folder.parent, needed)  # before the space is freed
+        shutil.rmtree(tmp, ignore_errors=True)
+        if full:
+            raise manifest.no_space_error(folder, needed, manifest.free_bytes(folder), "model folder") from exc
+        raise
     if folder.exists():
         shutil.rmtree(folder)
     tmp.rename(folder)
+    if sum(r["bytes"] for r in files.values()) > manifest.HASH_EVERY_READ_BYTES:
+        manifest.stamp_verified(folder, files)  # just hashed: the next stage need not again
 
 
 def _normalise_config(path: Path, dtype) -> None:

@@ -71,6 +71,7 @@ def run_stage(args, params, stage: str) -> int:
     from ..harness import HarnessSession
     from ..harness.verdict import named_protocol
     from ..model.loading import load_saved
+    from ..model.manifest import check_model_folder
     from ..train.launch import relaunch_stage
     from ..train.parallel import init_distributed
     from ..train.rl import RLPaths, RunOptions, run_rl
@@ -78,6 +79,7 @@ def run_stage(args, params, stage: str) -> int:
     from ..train.rl_tasks import encode_tasks
 
     scale = resolve_scale(params, args.scale)
+    check_model_folder(Path(args.model))  # a damaged input stops here, naming the stage that writes it
     code = relaunch_stage(args, params)
     if code is not None:
         return code

@@ -196,7 +196,7 @@ def run_rl(loaded: LoadedModel, tasks: EncodedTasks, val: EncodedTasks, reward: 
     schedule = task_schedule(len(tasks.tasks), s["steps"], s["tasks_per_step"], s["curriculum_ramp_steps"],
                              s["seed"])
     checkpoint.claim_work_dir(paths.work_dir, fingerprint, env)
-    start = checkpoint.restore_checkpoint(paths.work_dir, policy, optimizer)
+    start = checkpoint.restore_checkpoint(paths.work_dir, policy, optimizer, env)
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="rl-score") as pool:
         run = RLRun(loaded, tasks, val, reward, s, env, scorer, ref, optimizer, rollout, pool, schedule)
         return _loop(run, paths, options, start, bf16)
@@ -274,8 +274,11 @@ class _Best:
         return Path(work_dir) / f"best-{step:08d}"
 
     def prune(self, work_dir: Path) -> None:
-        """Remove the saved models that are neither the best nor the checkpoint's best."""
-        keep = {self.folder(work_dir, self.step).name, self.folder(work_dir, self.checkpointed_step).name}
+        """Remove the saved models that are neither the best nor a kept checkpoint's best
+        (a damaged newest checkpoint falls back to the one before, with its best model)."""
+        named = [self.step, self.checkpointed_step] + [
+            p["best"]["step"] for p in checkpoint.kept_progress(work_dir) if p.get("best")]
+        keep = {self.folder(work_dir, step).name for step in named}
         for folder in Path(work_dir).glob("best-*"):
             if folder.name not in keep:
                 shutil.rmtree(folder, ignore_errors=True)

@@ -102,7 +102,7 @@ def run_sft(loaded: LoadedModel, data: SFTData, settings: dict, paths: SFTPaths,
                     env.world_size, settings["epochs"], settings["seed"])
     warmup = warmup_steps(plan.total_steps, settings["warmup_ratio"])
     checkpoint.claim_work_dir(paths.work_dir, run_fingerprint(settings, data, loaded, env), env)
-    start = checkpoint.restore_checkpoint(paths.work_dir, model, optimizer)
+    start = checkpoint.restore_checkpoint(paths.work_dir, model, optimizer, env)
     progress = RunProgress(checkpoint.saved_progress(paths.work_dir) if start else {}, start)
     # next to the checkpoints: both runners delete the metrics folder of a failed job
     steps_log = StepLog(Path(paths.work_dir) / STEPS_LOG, start, enabled=env.is_main)
