@@ -114,17 +114,17 @@ class BuildService:
         discard(self.cache, build_dir(self.cache, key))
         spec = self._specs.get(key)
         if spec is None:  # met only inside a worker: built when the job asks for it again
-            self._note(f"{name} ({damage})", "removed")
+            self._note(name, damage, "removed")
             self._futures.pop(key, None)
             future.set_result({"ok": False, "transient": True, "removed": True})
             return future
-        self._note(f"{name} ({damage})", "rebuilt")
+        self._note(name, damage)
         future = self._start_build(spec, key, job_id)
         self._futures[key] = future
         return future
 
-    def _note(self, entry: str, done: str = "rebuilt") -> None:
-        message = f"cache entry {entry} was damaged, {done}"
+    def _note(self, entry: str, damage: str, done: str = "rebuilt") -> None:
+        message = f"cache entry {entry} was damaged ({damage}), {done}"
         log.warning("%s", message)
         self.repairs.append(message)
 
@@ -162,8 +162,8 @@ class BuildService:
                       "log_tail": f"{reply['error']}\n{reply.get('log', '')}"}
         else:
             status = reply["status"]
-        for entry in status.pop("repaired", None) or []:  # found by the builder on its way
-            self._note(entry)
+        for entry, damage in status.pop("repaired", None) or []:  # found by the builder
+            self._note(entry, damage)
         self.seconds[key] = float(status.get("seconds", 0.0))
         with self._lock:
             self.compiles_finished += 1

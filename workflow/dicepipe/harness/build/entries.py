@@ -160,14 +160,15 @@ def read_checked(cache: Path, path: Path) -> tuple[bytes | None, str | None]:
 
 # Damaged entries this process found and removed since the last build it returned: the
 # build's status carries them to the orchestrator, which reports them.
-_REPAIRED: list[str] = []
+_REPAIRED: list[list[str]] = []
 
 
 def note_repair(cache: Path, path: Path, damage: str) -> None:
-    _REPAIRED.append(f"{label(cache, path)} ({damage})")
+    _REPAIRED.append([label(cache, path), damage])
 
 
-def taken_repairs() -> list[str]:
+def taken_repairs() -> list[list[str]]:
+    """[entry, why it was damaged] of each entry noted since the last call."""
     taken = list(_REPAIRED)
     del _REPAIRED[:len(taken)]
     return taken
