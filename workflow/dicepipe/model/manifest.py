@@ -28,6 +28,7 @@ import errno
 import hashlib
 import json
 import logging
+import os
 import shutil
 import subprocess
 from pathlib import Path
@@ -76,8 +77,7 @@ def write_manifest(folder: Path, hashes: dict[str, str] | None = None) -> dict:
 
 def read_manifest(folder: Path) -> tuple[str, dict] | None:
     """(file name, its `files` table) of the folder's MANIFEST.json, else of ACQUIRED.json;
-    None when it has neither. A manifest that does not parse raises CheckpointError's text
-    as ValueError (the caller names the folder)."""
+    None when it has neither. A MANIFEST.json that does not parse raises ValueError."""
     for name in (MANIFEST, ACQUIRED):
         path = Path(folder) / name
         if not path.is_file():
@@ -188,7 +188,7 @@ def stamp_verified(folder: Path, files: dict, names: list[str] | None = None) ->
     path = _stamp_path(folder)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(path.name + ".tmp")
+        tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")  # ranks may stamp at once
         tmp.write_text(json.dumps({"folder": str(Path(folder).resolve()), "files": stamp},
                                   sort_keys=True) + "\n")
         tmp.replace(path)
