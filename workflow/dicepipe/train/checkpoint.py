@@ -236,11 +236,10 @@ def choose_checkpoint(work_dir: Path, env: DistEnv | None = None) -> tuple[int, 
                         folder)
         chosen = (step, folder)
         break
-    for step, folder, problems in damaged:
-        if main:
-            log.warning("checkpoint %s (step %d) is damaged: %s; removed", folder, step, "; ".join(problems[:3]))
     if damaged and main:
-        for _step, folder, _problems in damaged:
+        for step, folder, problems in damaged:
+            log.warning("checkpoint %s (step %d) is damaged: %s; removed", folder, step,
+                        "; ".join(problems[:3]))
             shutil.rmtree(folder, ignore_errors=True)
         if chosen is not None:
             _point_to(Path(work_dir), *chosen)
