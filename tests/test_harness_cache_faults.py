@@ -90,10 +90,10 @@ def test_truncated_module_that_crashes_at_load_is_rebuilt(cache, caplog):
         module.write_bytes(module.read_bytes()[:4096])  # damaged after it was checked
         row, repairs = _score_relu(cache, session=session)
     # the worker's load failure (SIGBUS or ImportError) was traced to the entry's hash
-    assert "job relu failed loading a damaged cache entry; running it again" in caplog.text
+    assert "job relu failed loading a damaged cache entry (" in caplog.text
     assert row["compiled"] and row["correct"] and row["error"] is None
-    assert repairs == [f"cache entry {folder.relative_to(cache)} was damaged ({module.name} "
-                       "does not match its hash (size 4096 bytes)), rebuilt"]
+    assert repairs == [(f"cache entry {folder.relative_to(cache)} was damaged ({module.name} "
+                        "does not match its hash (size 4096 bytes)), rebuilt")]
     assert check_build(cache, folder.name) == (check_build(cache, folder.name)[0], None)
 
 
@@ -102,8 +102,8 @@ def test_damaged_status_json_is_rebuilt_not_a_failed_build(cache):
     status.write_text(status.read_text().replace('"ok": true', '"ok": false'))
     row, repairs = _score_relu(cache)
     assert row["compiled"] and row["correct"] and row["error_phase"] is None
-    assert repairs == [f"cache entry {status.parent.relative_to(cache)} was damaged "
-                       "(status.json: its content does not match its hash), rebuilt"]
+    assert repairs == [(f"cache entry {status.parent.relative_to(cache)} was damaged "
+                        "(status.json: its content does not match its hash), rebuilt")]
 
 
 def test_deleted_module_is_rebuilt_not_an_import_error(cache):
@@ -111,8 +111,8 @@ def test_deleted_module_is_rebuilt_not_an_import_error(cache):
     module.unlink()
     row, repairs = _score_relu(cache)
     assert row["compiled"] and row["correct"] and row["error"] is None
-    assert repairs == [f"cache entry {module.parent.relative_to(cache)} was damaged "
-                       f"({module.name} is missing), rebuilt"]
+    assert repairs == [(f"cache entry {module.parent.relative_to(cache)} was damaged "
+                        f"({module.name} is missing), rebuilt")]
 
 
 def _stored_row(store_path, session, jobs, **values):

@@ -370,8 +370,9 @@ class Batch:
             self._after_job(item, worker, reply)
             seconds += again_s
         if self._load_failed_on_damage(item, reply):
-            log.warning("job %s failed loading a damaged cache entry; running it again on "
-                        "the rebuilt entry", item.job.job_id)
+            log.warning("job %s failed loading a damaged cache entry (%s); running it again "
+                        "on the rebuilt entry", item.job.job_id, _load_error(reply))
+            worker.restart()  # a fresh process: nothing of the damaged module stays mapped
             reply, again_s = self._timed_request(item, worker, measure_speed)
             self._after_job(item, worker, reply)
             seconds += again_s
@@ -472,3 +473,11 @@ def _loaded_keys(item: Prepared, reply: dict) -> list[str]:
     """The builds a job used: as its worker reported them, else as extraction found them."""
     used = (reply.get("row") or {}).get("used_keys") if reply.get("op") == "result" else None
     return list(dict.fromkeys([*(used or []), *item.keys]))
+
+
+def _load_error(reply: dict) -> str:
+    """The last line of a failed load's error: the worker's crash, or the exception raised."""
+    text = reply.get("error") if reply.get("op") == "failed" else (reply.get("row") or {}).get(
+        "error")
+    lines = [line for line in (text or "").splitlines() if line.strip()]
+    return lines[-1].strip()[:200] if lines else "no error text"
