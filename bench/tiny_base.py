@@ -21,8 +21,8 @@ sys.path.insert(0, str(REPO / "workflow"))
 def body_lines(code: str) -> list[str]:
     lines = code.splitlines()
     try:
-        start = next(i for i, line in enumerate(lines) if "float v = px[i];" in line) + 1
-        end = next(i for i, line in enumerate(lines) if "po[i] = v;" in line)
+        start = next(i for i, line in enumerate(lines) if "float x = px[i];" in line) + 1
+        end = next(i for i, line in enumerate(lines) if "po[i] = " in line)
     except StopIteration:
         return []
     return [line.strip() for line in lines[start:end]]

@@ -27,16 +27,17 @@ from dataclasses import dataclass
 # vectorises every chain (with the default -ftrapping-math it turns some clamps and ReLUs
 # next to other steps into branches, and such a kernel is slower than eager). A slope
 # below 1 makes max(v, s * v) exactly leaky_relu. Constants are
-# filled in from the step's draw: a = scale, sign and b = shift, s = slope, lo/hi = clamp bounds.
+# filled in from the step's draw: a = scale, sign and b = shift, s = slope, lo/hi = clamp bounds;
+# i and o are the step's input and output names (x, x1, x2, ...: `Step.line`).
 STEPS: dict[str, tuple[str, str, int]] = {
-    "affine": ("x = x * {a} {sign} {b}", "v = v * {a}f {sign} {b}f;", 2),
-    "scale": ("x = x * {a}", "v = v * {a}f;", 1),
-    "shift": ("x = x {sign} {b}", "v = v {sign} {b}f;", 1),
-    "relu": ("x = torch.relu(x)", "v = std::max(v, 0.0f);", 1),
-    "leaky_relu": ("x = torch.nn.functional.leaky_relu(x, {s})", "v = std::max(v, v * {s}f);", 1),
-    "clamp": ("x = torch.clamp(x, {lo}, {hi})", "v = std::min(std::max(v, {lo}f), {hi}f);", 1),
-    "abs": ("x = torch.abs(x)", "v = std::abs(v);", 1),
-    "square": ("x = x * x", "v = v * v;", 1),
+    "affine": ("{o} = {i} * {a} {sign} {b}", "float {o} = {i} * {a}f {sign} {b}f;", 2),
+    "scale": ("{o} = {i} * {a}", "float {o} = {i} * {a}f;", 1),
+    "shift": ("{o} = {i} {sign} {b}", "float {o} = {i} {sign} {b}f;", 1),
+    "relu": ("{o} = torch.relu({i})", "float {o} = std::max({i}, 0.0f);", 1),
+    "leaky_relu": ("{o} = torch.nn.functional.leaky_relu({i}, {s})", "float {o} = std::max({i}, {i} * {s}f);", 1),
+    "clamp": ("{o} = torch.clamp({i}, {lo}, {hi})", "float {o} = std::min(std::max({i}, {lo}f), {hi}f);", 1),
+    "abs": ("{o} = torch.abs({i})", "float {o} = std::abs({i});", 1),
+    "square": ("{o} = {i} * {i}", "float {o} = {i} * {i};", 1),
 }
 SCALES = ("0.25", "0.5", "0.75", "1.5", "2.0", "3.0", "-0.5", "-2.0")
 SHIFTS = ("0.1", "0.5", "1.0", "2.0")
@@ -51,8 +52,11 @@ class Step:
     op: str
     constants: tuple[tuple[str, str], ...] = ()  # (name, value) in the templates' names
 
-    def fill(self, template: str) -> str:
-        return template.format(**dict(self.constants))
+    def line(self, index: int, which: int) -> str:
+        """Step `index` (1-based) of a chain as its reference line (which=0) or kernel line
+        (which=1): it reads x{index-1} (x for the first step) and writes x{index}."""
+        names = {"i": f"x{index - 1}" if index > 1 else "x", "o": f"x{index}"}
+        return STEPS[self.op][which].format(**dict(self.constants), **names)
 
 
 @dataclass(frozen=True)
@@ -75,7 +79,7 @@ class Chain:
         return 1 if len(self.steps) == 1 else 2
 
     def reference(self) -> str:
-        body = "".join(f"        {s.fill(STEPS[s.op][0])}\n" for s in self.steps)
+        body = "".join(f"        {s.line(k, 0)}\n" for k, s in enumerate(self.steps, 1))
         rows, cols = self.shape
         return (
             "import torch\nimport torch.nn as nn\n\n\n"
@@ -84,7 +88,7 @@ class Chain:
             "        super().__init__()\n\n"
             "    def forward(self, x):\n"
             f"{body}"
-            "        return x\n\n\n"
+            f"        return x{len(self.steps)}\n\n\n"
             "def get_inputs():\n"
             f"    return [torch.randn({rows}, {cols})]\n\n\n"
             "def get_init_inputs():\n"
@@ -92,26 +96,27 @@ class Chain:
         )
 
     def kernel(self) -> str:
-        # each C++ line under the reference line it computes, as a comment: the model copies
-        # the reference's step, then translates the line right above
-        body = "".join(f"        // {s.fill(STEPS[s.op][0])}\n        {s.fill(STEPS[s.op][1])}\n"
-                       for s in self.steps)
+        # each C++ line under the reference line it computes, as a comment, with the
+        # reference's names: the model finds step k by its name xk (a one-hop copy), then
+        # translates the line right above
+        body = "".join(f"        // {s.line(k, 0)}\n        {s.line(k, 1)}\n"
+                       for k, s in enumerate(self.steps, 1))
         return (
             "import torch\nimport torch.nn as nn\n"
             "from torch.utils.cpp_extension import load_inline\n\n"
             'chain_source = r"""\n'
             "#include <torch/extension.h>\n\n"
-            "torch::Tensor chain_cpu(torch::Tensor x) {\n"
-            "    x = x.contiguous();\n"
-            "    auto out = torch::empty_like(x);\n"
-            "    const float* px = x.data_ptr<float>();\n"
+            "torch::Tensor chain_cpu(torch::Tensor input) {\n"
+            "    input = input.contiguous();\n"
+            "    auto out = torch::empty_like(input);\n"
+            "    const float* px = input.data_ptr<float>();\n"
             "    float* po = out.data_ptr<float>();\n"
-            "    int64_t n = x.numel();\n"
+            "    int64_t n = input.numel();\n"
             "    #pragma omp parallel for\n"
             "    for (int64_t i = 0; i < n; ++i) {\n"
-            "        float v = px[i];\n"
+            "        float x = px[i];\n"
             f"{body}"
-            "        po[i] = v;\n"
+            f"        po[i] = x{len(self.steps)};\n"
             "    }\n"
             "    return out;\n"
             "}\n"
@@ -171,12 +176,12 @@ def corpus_chains(count: int = 20, seed: int = 0, min_eager_ops: int = 5) -> lis
     return sorted(chains.values(), key=lambda c: c.name)
 
 
-def pretraining_chains(count: int, seed: int, exclude: set[tuple]) -> list[Chain]:
-    """`count` distinct chains of 1-4 steps, none of whose keys is in `exclude`."""
+def pretraining_chains(count: int, seed: int, exclude: set[tuple], max_steps: int = 4) -> list[Chain]:
+    """`count` distinct chains of 1 to `max_steps` steps, none of whose keys is in `exclude`."""
     rng = random.Random(f"chains-pretrain:{seed}")
     chains: dict[tuple, Chain] = {}
     while len(chains) < count:
-        chain = draw_chain(rng, 1, 4)
+        chain = draw_chain(rng, 1, max_steps)
         key = chain_key(chain)
         if key not in exclude:
             chains.setdefault(key, chain)

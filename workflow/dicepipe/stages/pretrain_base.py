@@ -33,6 +33,7 @@ log = logging.getLogger(__name__)
 RECIPE = {
     "chains": 1200,         # distinct pretraining chains
     "infill_share": 0.5,    # share of examples in the infilling prompt form
+    "max_chain_steps": 4,   # longest pretraining chain (the corpus's are 3-4 steps)
     "chain_seed": 0,
     "corpus_count": 20,
     "corpus_seed": 0,
@@ -91,7 +92,8 @@ def pretraining_pairs(recipe: dict) -> list[tuple[str, str]]:
     from ..data.infill import split_for_infilling
 
     exclude = {chain_key(c) for c in corpus_chains(recipe["corpus_count"], recipe["corpus_seed"])}
-    chains = pretraining_chains(recipe["chains"], recipe["chain_seed"], exclude)
+    chains = pretraining_chains(recipe["chains"], recipe["chain_seed"], exclude,
+                                recipe.get("max_chain_steps", 4))
     rng = random.Random(f"chains-forms:{recipe['chain_seed']}")
     pairs = []
     for chain in chains:
