@@ -179,6 +179,8 @@ def test_cache_verify_and_prune(cache, repo_root, tmp_path, capsys):
     healthy = cache / "host-objects" / "ab" / ("cd" * 16 + ".fail")
     write_checked(cache, healthy, b"main.cpp:1:1: error: nope")
     (cache / "tmp" / f"{'0' * 64}.999999999.1").mkdir(parents=True)  # a dead builder's
+    old = cache / "host-objects" / "ab" / ("ef" * 16 + ".o")
+    old.write_bytes(b"object")  # made before entries carried hashes: not damage, still removed
     resume = tmp_path / "resume"
     store_path = resume / "verify" / "seed" / "1-of-1-abc.parquet"
     store = ResultStore(store_path)
@@ -196,14 +198,18 @@ def test_cache_verify_and_prune(cache, repo_root, tmp_path, capsys):
     assert f"damaged: {folder.relative_to(cache)} ({module.name} does not match its hash" in printed
     assert f"damaged: {shared.relative_to(cache)} (does not match its hash" in printed
     assert "orphaned: tmp/" in printed and "builder that is gone" in printed
+    assert "1 made before entries carried a hash (rebuilt when next used)" in printed
+    assert str(old.relative_to(cache)) not in printed
     assert "damaged: verify/seed/1-of-1-abc.parquet (row a does not match its hash)" in printed
     assert "`dicepipe cache prune` removes them" in printed
     assert main([*args, "prune"]) == 0
     printed = capsys.readouterr().out
-    assert "removed 3 build cache entries (2 damaged, 1 orphaned), 1 damaged rows" in printed
-    assert not folder.exists() and not shared.exists() and healthy.is_file()
+    assert ("removed 4 build cache entries (2 damaged, 1 orphaned, 1 made before entries "
+            "carried a hash), 1 damaged rows") in printed
+    assert not folder.exists() and not shared.exists() and not old.exists()
+    assert healthy.is_file()
     assert main([*args, "verify"]) == 0
-    assert "every entry matches its hash" in capsys.readouterr().out
+    assert "no entry is damaged or orphaned" in capsys.readouterr().out
     assert not ResultStore(store_path, writable=False).rows  # row a dropped, b was cut off
 
 

@@ -21,12 +21,12 @@ from pathlib import Path
 from ..errors import HarnessError
 from .build.entries import (
     HASHES,
-    NO_HASH,
     bytes_digest,
     check_build_folder,
     check_file,
     discard,
     label,
+    unhashed,
     unsealed,
 )
 from .results import ResultStore
@@ -40,7 +40,7 @@ _HASHED = {"host-objects": (".o", ".fail"), "pch": (".gch",), "pch-cuda-host": (
 @dataclass
 class Finding:
     path: Path
-    what: str  # "damaged" | "orphaned"
+    what: str  # "damaged" | "orphaned" | "unhashed" (made before entries carried hashes)
     why: str
 
 
@@ -59,13 +59,24 @@ class CacheReport:
     def count(self, what: str) -> int:
         return sum(f.what == what for f in self.findings)
 
+    @property
+    def problems(self) -> list[Finding]:
+        """The damaged and the orphaned (an unhashed entry is neither: it is only old)."""
+        return [f for f in self.findings if f.what != "unhashed"]
+
     def lines(self, title: str, unit: str = "entries") -> list[str]:
         head = (f"{title} {self.root}: {self.checked} {unit} checked, "
                 f"{self.count('damaged')} damaged, {self.count('orphaned')} orphaned")
+        if self.count("unhashed"):
+            head += (f", {self.count('unhashed')} made before entries carried a hash (rebuilt "
+                     "when next used)")
         out = [head]
-        out += [f"  {f.what}: {label(self.root, f.path)} ({f.why})" for f in self.findings]
+        out += [f"  {f.what}: {label(self.root, f.path)} ({f.why})" for f in self.problems]
         out += [f"  skipped (another run is writing it): {name}" for name in self.busy]
         return out
+
+    def add_damage(self, path: Path, damage: str) -> None:
+        self.add(path, "unhashed" if unhashed(damage) else "damaged", damage)
 
 
 def _pid_gone(pid: int) -> bool:
@@ -91,7 +102,7 @@ def check_build_cache(cache: Path) -> CacheReport:
             report.checked += 1
             _status, damage = check_build_folder(folder)
             if damage:
-                report.add(folder, "damaged", damage)
+                report.add_damage(folder, damage)
     for top, suffixes in _HASHED.items():
         for path in sorted((cache / top).rglob("*")):
             if path.is_file() and not path.is_symlink() and path.name.endswith(suffixes) \
@@ -115,7 +126,7 @@ def _check_hashed(cache: Path, path: Path, report: CacheReport) -> None:
     report.checked += 1
     damage = check_file(cache, path)
     if damage:
-        report.add(path, "damaged", damage)
+        report.add_damage(path, damage)
 
 
 def _check_extraction(cache: Path, report: CacheReport) -> None:
@@ -125,7 +136,7 @@ def _check_extraction(cache: Path, report: CacheReport) -> None:
             _record, damage = unsealed(path.read_text())
         except OSError as exc:
             damage = f"unreadable: {exc}"
-        if damage and damage != NO_HASH:
+        if damage and not unhashed(damage):  # an old record is extracted again, unreported
             report.add(path, "damaged", damage)
 
 

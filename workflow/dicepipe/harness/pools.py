@@ -17,7 +17,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 from .build.buildspec import build_dir, check_build, normalize_spec, spec_key
-from .build.entries import NO_HASH, discard, label, seal, unsealed
+from .build.entries import NO_HASH, discard, label, seal, unhashed, unsealed
 from .workerproc import WorkerProcess
 
 log = logging.getLogger(__name__)
@@ -124,6 +124,9 @@ class BuildService:
         return future
 
     def _note(self, entry: str, damage: str, done: str = "rebuilt") -> None:
+        if unhashed(damage):  # made before entries carried hashes: not damage, not reported
+            log.info("cache entry %s has %s: %s", entry, NO_HASH, done)
+            return
         message = f"cache entry {entry} was damaged ({damage}), {done}"
         log.warning("%s", message)
         self.repairs.append(message)
@@ -200,7 +203,7 @@ class ExtractService:
             return record
         if damage:
             discard(self.cache, path)
-            if damage != NO_HASH:  # a record from before records were hashed: not damage
+            if not unhashed(damage):  # a record from before records were hashed: not damage
                 message = f"cache entry {label(self.cache, path)} was damaged ({damage}), rebuilt"
                 log.warning("%s", message)
                 self.repairs.append(message)

@@ -40,18 +40,19 @@ def run(args, params: dict) -> int:
     builds, rows = check_build_cache(cache), check_resume_stores(resume)
     for line in builds.lines("build cache") + rows.lines("resume stores", unit="rows"):
         print(line)
-    found = len(builds.findings) + len(rows.findings)
+    found = len(builds.problems) + len(rows.problems)
     if args.action == "verify":
         if found:
             print(f"{found} damaged or orphaned: `dicepipe cache prune` removes them (a build "
                   "is made again when next needed, a row measured again)")
         else:
-            print("every entry matches its hash")
+            print("no entry is damaged or orphaned")
         return 1 if found else 0
     prune_build_cache(cache, builds)
     dropped = prune_resume_stores(rows)
     print(f"removed {len(builds.findings)} build cache entries "
-          f"({builds.count('damaged')} damaged, {builds.count('orphaned')} orphaned), "
+          f"({builds.count('damaged')} damaged, {builds.count('orphaned')} orphaned, "
+          f"{builds.count('unhashed')} made before entries carried a hash), "
           f"{dropped} damaged rows and {rows.count('orphaned')} orphaned files of the "
           "resume stores")
     for name in rows.busy:

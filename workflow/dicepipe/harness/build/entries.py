@@ -29,6 +29,12 @@ DIGEST_FIELD = "sha256"
 NO_HASH = "no content hash (made before cache entries carried one)"
 
 
+def unhashed(damage: str | None) -> bool:
+    """An entry made before entries carried hashes: rebuilt like a damaged one (it cannot be
+    trusted), but not reported as damage."""
+    return bool(damage) and damage.endswith(NO_HASH)
+
+
 @functools.lru_cache(maxsize=512)
 def _digest_of(path: str, size: int, mtime_ns: int, inode: int) -> str:
     sha = hashlib.sha256()
@@ -180,7 +186,8 @@ def checked_entry(cache: Path, path: Path) -> bytes | None:
     data, damage = read_checked(cache, path)
     if damage:
         discard(cache, path)
-        note_repair(cache, path, damage)
+        if not unhashed(damage):
+            note_repair(cache, path, damage)
     return data
 
 
@@ -190,7 +197,8 @@ def checked_or_removed(cache: Path, path: Path) -> bool:
     damage = check_file(cache, path)
     if damage:
         discard(cache, path)
-        note_repair(cache, path, damage)
+        if not unhashed(damage):
+            note_repair(cache, path, damage)
         return False
     return path.is_file()
 
