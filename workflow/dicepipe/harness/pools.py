@@ -110,6 +110,11 @@ class BuildService:
             future.set_result({"ok": False, "transient": True, "damaged": message,
                                "log_tail": message})
             return future
+        status, still = check_build(self.cache, key)
+        if status is not None and still is None:  # another process rebuilt it meanwhile
+            future.set_result(status)
+            self._futures[key] = future
+            return future
         self._repaired.add(key)
         discard(self.cache, build_dir(self.cache, key))
         spec = self._specs.get(key)
@@ -147,7 +152,9 @@ class BuildService:
         healthy, so a job that failed loading them failed on its own."""
         found = False
         for key in dict.fromkeys(keys):
-            _status, damage = check_build(self.cache, key)
+            status, damage = check_build(self.cache, key)
+            if status is None and damage is None and self._built_ok(key):  # gone since
+                damage = "the build folder is missing"
             if damage:
                 found = True
                 with self._lock:
@@ -155,6 +162,15 @@ class BuildService:
                     future = self._rebuild(key, damage, job_id)
                 future.result()
         return found
+
+    def _built_ok(self, key: str) -> bool:
+        """Whether this batch found or made a working build of `key` (so a missing folder is
+        the cache's loss, not a build that never was)."""
+        with self._lock:
+            future = self._futures.get(key)
+        return (future is not None and future.done() and not future.cancelled()
+                and future.exception() is None
+                and bool(future.result().get("ok")))
 
     def _build(self, spec: dict, key: str) -> dict:
         message = {"op": "build", "spec": spec, "key": key, "use_pch": self.use_pch,
