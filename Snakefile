@@ -10,6 +10,12 @@ import dicepipe.config
 
 dicepipe.config.read_params_yaml("params.yaml")
 
+# One run at a time writes this folder's outputs, under either runner: the top-level
+# snakemake joins DVC's own lock, which `dvc repro` takes too (dicepipe/runlock.py).
+import dicepipe.runlock
+
+dicepipe.runlock.for_snakemake(workflow)
+
 
 configfile: "params.yaml"
 

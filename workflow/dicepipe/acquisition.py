@@ -25,7 +25,6 @@ import json
 import logging
 import os
 import shutil
-import socket
 import tarfile
 import tempfile
 import urllib.error
@@ -139,7 +138,7 @@ def download(url: str, dest: Path, algorithm: str, expected: str | None, *, time
             raise AcquireError(f"{url} answered HTTP {exc.code} ({exc.reason}); expected the file for "
                                f"{dest} ({pin_key}). Check the repository, commit and path there. "
                                + _offline_hint(url, dest, pin_text)) from exc
-        except (urllib.error.URLError, socket.timeout, ConnectionError, OSError) as exc:
+        except (TimeoutError, urllib.error.URLError, ConnectionError, OSError) as exc:
             reason = getattr(exc, "reason", exc)
             raise AcquireError(f"cannot reach {url} ({reason}). " + _offline_hint(url, dest, pin_text)) from exc
         measured = _measure(tmp, algorithm)
@@ -171,12 +170,7 @@ def acquire_github_files(name: str, spec: dict, out: Path, *, timeout_s: float) 
         pin_key = f"params.yaml acquire.{name}.files[{index}].{algorithm}"
         wanted.add(file_name)
         if dest.exists():
-            found = _measure(dest, algorithm)
-            if found != expected:
-                raise AcquireError(
-                    f"{dest} is already there with {algorithm} {found}, expected {expected} "
-                    f"({pin_key}; source {url}). It is not overwritten: delete it to download "
-                    f"again, or put the file of that pin there.")
+            _check_placed_file(dest, algorithm, expected, pin_key, url)
             log.info("%s: %s already there, %s verified", name, dest, algorithm)
             how = "verified"
         else:
@@ -186,10 +180,29 @@ def acquire_github_files(name: str, spec: dict, out: Path, *, timeout_s: float) 
         records[file_name] = {"url": url, algorithm: expected, "sha256": sha256_of(dest),
                               "bytes": dest.stat().st_size}
         log.info("%s: %s %s (%d bytes)", name, how, dest, dest.stat().st_size)
-    for stale in sorted(set(p.name for p in out.iterdir()) - wanted):
+    for stale in sorted({p.name for p in out.iterdir()} - wanted):
         log.info("%s: removing %s (no longer listed in acquire.%s.files)", name, out / stale, name)
         (out / stale).unlink() if (out / stale).is_file() else shutil.rmtree(out / stale)
     return {"kind": "github_files", "repo": spec["repo"], "commit": spec["commit"], "files": records}
+
+
+def _check_placed_file(dest: Path, algorithm: str, expected: str, pin_key: str, url: str) -> None:
+    found = _measure(dest, algorithm)
+    if found != expected:
+        raise AcquireError(
+            f"{dest} is already there with {algorithm} {found}, expected {expected} "
+            f"({pin_key}; source {url}). It is not overwritten: delete it to download "
+            f"again, or put the file of that pin there.")
+
+
+def _check_placed_tree(name: str, spec: dict, out: Path, url: str) -> None:
+    found = git_tree_id(out)
+    if found != spec["tree"]:
+        raise AcquireError(
+            f"{out} is already there with git tree {found}, expected {spec['tree']} "
+            f"(params.yaml acquire.{name}.tree; source {url}). It is not overwritten: delete the "
+            f"folder to download again, or put a checkout of {spec['repo']} at {spec['commit']} "
+            f"there (`git -C {out} checkout {spec['commit']}`, without its .git folder).")
 
 
 def _extract_archive(archive: Path, out: Path) -> None:
@@ -206,13 +219,7 @@ def acquire_github_archive(name: str, spec: dict, out: Path, *, timeout_s: float
     url = f"{base.rstrip('/')}/{spec['repo']}/tar.gz/{spec['commit']}"
     pin_key = f"params.yaml acquire.{name}.tree"
     if out.exists() and any(p.name != MANIFEST for p in out.iterdir()):
-        found = git_tree_id(out)
-        if found != spec["tree"]:
-            raise AcquireError(
-                f"{out} is already there with git tree {found}, expected {spec['tree']} ({pin_key}; "
-                f"source {url}). It is not overwritten: delete the folder to download again, or "
-                f"put a checkout of {spec['repo']} at {spec['commit']} there "
-                f"(`git -C {out} checkout {spec['commit']}`, without its .git folder).")
+        _check_placed_tree(name, spec, out, url)
         log.info("%s: %s already there, git tree verified", name, out)
         how = "verified"
     else:
@@ -280,7 +287,11 @@ def acquire_hub_model(name: str, spec: dict, out: Path, *, timeout_s: float) -> 
     non-empty local_dir as it is, unverified. A folder whose ACQUIRED.json names this repo and
     revision and whose files match their recorded sha256 is used without the network."""
     from huggingface_hub import snapshot_download
-    from huggingface_hub.errors import LocalEntryNotFoundError, RepositoryNotFoundError, RevisionNotFoundError
+    from huggingface_hub.errors import (
+        LocalEntryNotFoundError,
+        RepositoryNotFoundError,
+        RevisionNotFoundError,
+    )
 
     identity = {"kind": "hub_model", "repo_id": spec["repo_id"], "revision": spec["revision"]}
     endpoint = os.environ.get("HF_ENDPOINT", "https://huggingface.co")
@@ -352,3 +363,56 @@ def acquire(name: str, spec: dict, out: Path | None = None) -> dict:
     manifest["name"] = name
     (out / MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
     return manifest
+
+
+def acquired_entry(path: str | Path, entries: dict) -> str | None:
+    """The `acquire` entry whose folder (data/external/<name>) holds `path`, or None."""
+    parts = Path(path).parts
+    if len(parts) >= 3 and Path(*parts[:2]) == ROOT and parts[2] in entries:
+        return parts[2]
+    return None
+
+
+def verify_placed(path: str | Path, entries: dict) -> None:
+    """Before a stage reads `path`: when it lies in an acquired folder, check what is there
+    against the entry's pin, as `acquire` does, without fetching or writing anything. A file
+    put there by hand (the offline message says where) is refused with acquire's own message
+    when it does not match; the stage that owns the folder need not have run (Snakemake does
+    not run it on a folder that is already there). Only refuses: the reading stage's output
+    depends on the content, which both runners track, never on the pin's value."""
+    name = acquired_entry(path, entries)
+    if name is None:
+        return
+    spec, out = entries[name], target_dir(name)
+    what = f"acquire@{name} fetches it (`snakemake -- {out}`, `dvc repro real/dvc.yaml:acquire@{name}`)"
+    if spec["kind"] == "github_files":
+        for index, entry in enumerate(spec["files"]):
+            dest = out / PurePosixPath(entry["path"]).name
+            algorithm, expected = _pin_of(entry)
+            url = _file_url(spec, entry["path"])
+            if not dest.is_file():
+                raise AcquireError(f"{dest} is missing: {what}. "
+                                   + _offline_hint(url, dest, f"{algorithm} {expected}"))
+            _check_placed_file(dest, algorithm, expected,
+                               f"params.yaml acquire.{name}.files[{index}].{algorithm}", url)
+    elif spec["kind"] == "github_archive":
+        base = spec.get("base_url") or DEFAULT_BASE_URLS["github_archive"]
+        if not out.is_dir():
+            raise AcquireError(f"{out} is missing: {what}.")
+        _check_placed_tree(name, spec, out, f"{base.rstrip('/')}/{spec['repo']}/tar.gz/{spec['commit']}")
+    else:  # hub models: placed by acquire only (from the hub cache), recorded with their sizes
+        models = ([(out, spec)] if spec["kind"] == "hub_model" else
+                  [(out / m["name"], m) for m in spec["models"]])
+        for folder, model in models:
+            identity = {"kind": "hub_model", "repo_id": model["repo_id"], "revision": model["revision"]}
+            try:
+                manifest = json.loads((folder / MANIFEST).read_text())
+            except (OSError, ValueError):
+                manifest = {}
+            sizes_match = all((folder / rel).is_file() and (folder / rel).stat().st_size == rec["bytes"]
+                              for rel, rec in manifest.get("files", {}).items())
+            if any(manifest.get(k) != v for k, v in identity.items()) or not sizes_match:
+                raise AcquireError(
+                    f"{folder} does not hold {model['repo_id']} at {model['revision']} as acquire "
+                    f"placed it (its {MANIFEST} is missing, names another revision, or a file's "
+                    f"size differs): {what}.")

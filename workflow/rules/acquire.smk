@@ -16,5 +16,6 @@ rule acquire:
         **resources_of("acquire", None),
     params:
         tracked=tracked("acquire.{external}"),
+        generation=output_generation("acquire"),
     shell:
         "dicepipe acquire --name {wildcards.external} --out {output} --log {log}"

@@ -20,6 +20,7 @@ rule assemble:
         **resources_of("assemble", "corpus"),
     params:
         tracked=tracked("assemble", "verify.decision_thresholds", "protocols"),
+        generation=output_generation("assemble"),
     shell:
         "dicepipe assemble --corpus {wildcards.corpus} --samples {input.samples}"
         " --measurements {input.measurements} --structural {input.structural}"

@@ -16,6 +16,7 @@ rule augment:
         tracked=tracked(
             "corpora.{corpus}", "augment", *HARNESS_MEASUREMENT, "protocols"
         ),
+        generation=output_generation("augment"),
     shell:
         "dicepipe augment --corpus {wildcards.corpus} --out data/augment/{wildcards.corpus}"
         " --log {log}"

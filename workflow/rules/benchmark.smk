@@ -14,5 +14,6 @@ rule benchmark:
         "../../envs/dicepipe.yaml"
     params:
         tracked=tracked("benchmarks.{benchmark}"),
+        generation=output_generation("benchmark"),
     shell:
         "dicepipe benchmark --name {wildcards.benchmark} --out {output} --log {log}"

@@ -8,6 +8,7 @@ import yaml
 import dicepipe.config as dicepipe_config
 from dicepipe.cluster import job_resources
 from dicepipe.deps import harness_param_keys, stage_code
+from dicepipe.generations import Generations
 from snakemake.io import strip_wildcard_constraints
 from snakemake.utils import validate
 
@@ -21,9 +22,21 @@ for _key, _value in _on_disk.items():
             "params.yaml: change the value there instead of with --config/--configfile."
         )
 
+
+def canonical(value):
+    """Mappings rebuilt in key order, recursively: the repr Snakemake compares params by
+    then depends on the values only, not on the order params.yaml writes them in."""
+    if isinstance(value, dict):
+        return {key: canonical(value[key]) for key in sorted(value)}
+    if isinstance(value, list):
+        return [canonical(item) for item in value]
+    return value
+
+
 # The package's own check first: its message names the key, the value and the rule broken
 # ("must be greater than 0"); then Snakemake's, which fills the schema's defaults into config.
-dicepipe_config.validate_params(config, "params.yaml")
+# The rules track RESOLVED: what the stages read (params.yaml with the schema's defaults).
+RESOLVED = canonical(dicepipe_config.validate_params(config, "params.yaml"))
 validate(config, str(dicepipe_config.SCHEMA_PATH))
 
 SCALES = list(config["scales"])
@@ -36,24 +49,47 @@ HARNESS_MEASUREMENT = harness_param_keys()
 
 
 def lookup_key(dotted, wildcards):
-    """Resolve a dotted params key; {corpus}/{scale}/{model} come from the wildcards."""
+    """Resolve a dotted params key; {corpus}/{scale}/{model} come from the wildcards. The
+    value is the resolved one (the schema's defaults filled in, mappings in key order), so
+    reordering keys or deleting one whose default is its value changes nothing."""
     names = dict(wildcards.items())
     if "scale" in names:
         names["model"] = config["scales"][names["scale"]]["model"]
         names.setdefault("corpus", config["scales"][names["scale"]]["corpus"])
     key = dotted.format(**names)
-    return key, dicepipe_config.lookup(config, key)
+    return key, dicepipe_config.lookup(RESOLVED, key)
 
 
 def tracked(*keys):
     """The params a rule's stage reads (the same keys its DVC stage lists), as one value
     Snakemake compares between runs: editing any of them re-runs the rule, nothing else does.
+    Snakemake compares a param by its repr, so the values are the canonical resolved ones.
     """
 
     def _params(wildcards):
         return dict(lookup_key(k, wildcards) for k in keys)
 
     return _params
+
+
+# Snakemake re-plans a missing output only for a target job: every rule also tracks the
+# generation of its outputs, which a planning run that finds one of them missing moves on
+# (dicepipe/generations.py), so the job and everything made from it are planned again.
+GENERATIONS = Generations(writable=workflow.is_main_process)
+
+
+def output_generation(rule_name):
+    """The generation of the job's outputs (a param of every rule)."""
+
+    def _generation(wildcards):
+        names = dict(wildcards.items())
+        outputs = [
+            strip_wildcard_constraints(str(o)).format(**names)
+            for o in getattr(rules, rule_name).output
+        ]
+        return GENERATIONS.of(outputs, f"{rule_name} ({', '.join(names.values())})")
+
+    return _generation
 
 
 def code(stage_module):

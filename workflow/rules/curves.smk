@@ -57,6 +57,7 @@ rule curves:
         "../../envs/dicepipe.yaml"
     params:
         tracked=tracked(),
+        generation=output_generation("curves"),
     shell:
         "dicepipe curves --scale {wildcards.scale} --sft metrics/sft/{wildcards.scale}"
         " --rl-infill metrics/rl_infill/{wildcards.scale} --rl-e2e metrics/rl_e2e/{wildcards.scale}"

@@ -73,6 +73,7 @@ rule evaluate:
             "protocols",
             *HARNESS_MEASUREMENT,
         ),
+        generation=output_generation("evaluate"),
     shell:
         "dicepipe evaluate --scale {wildcards.scale} --model {input.model}"
         " --benchmark {input.benchmark} --out-dir {output.tables} --summary {output.summary}"

@@ -14,6 +14,7 @@ rule ingest:
         **resources_of("ingest", "corpus"),
     params:
         tracked=tracked("corpora.{corpus}", "ingest"),
+        generation=output_generation("ingest"),
     shell:
         "dicepipe ingest --corpus {wildcards.corpus} --out {output.samples}"
         " --report {output.report} --log {log}"

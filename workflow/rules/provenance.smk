@@ -22,5 +22,6 @@ rule provenance:
         "../../envs/dicepipe.yaml"
     params:
         tracked=tracked(),
+        generation=output_generation("provenance"),
     shell:
         "dicepipe provenance --scale {wildcards.scale} --out {output} --log {log}"

@@ -30,6 +30,7 @@ rule rl_infill:
             "protocols",
             *HARNESS_MEASUREMENT,
         ),
+        generation=output_generation("rl_infill"),
     shell:
         "dicepipe rl-infill --scale {wildcards.scale} --model {input.model} --data {input.data}"
         " --val {input.val} --out {output.model} --metrics metrics/rl_infill/{wildcards.scale}"
@@ -64,6 +65,7 @@ rule rl_e2e:
             "protocols",
             *HARNESS_MEASUREMENT,
         ),
+        generation=output_generation("rl_e2e"),
     shell:
         "dicepipe rl-e2e --scale {wildcards.scale} --model {input.model} --data {input.data}"
         " --val {input.val} --out {output.model} --metrics metrics/rl_e2e/{wildcards.scale}"

@@ -22,6 +22,7 @@ rule sft:
             "sft.defaults",
             "sft.overrides.{scale}",
         ),
+        generation=output_generation("sft"),
     shell:
         "dicepipe sft --scale {wildcards.scale} --data {input.data} --out {output.model}"
         " --metrics metrics/sft/{wildcards.scale} --log {log}"

@@ -17,6 +17,7 @@ rule verify:
         **resources_of("verify", "corpus"),
     params:
         tracked=tracked("corpora.{corpus}", *HARNESS_MEASUREMENT, "verify", "protocols"),
+        generation=output_generation("verify"),
     shell:
         "dicepipe verify --corpus {wildcards.corpus} --samples {input.samples}"
         " --shard {wildcards.shard} --out {output} --log {log}"
@@ -37,6 +38,7 @@ rule verify_gather:
         **resources_of("verify_gather", "corpus"),
     params:
         tracked=tracked("verify.shards"),
+        generation=output_generation("verify_gather"),
     shell:
         "dicepipe verify-gather --corpus {wildcards.corpus}"
         " --shards-dir data/verify/{wildcards.corpus}/shards --out {output} --log {log}"

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pyarrow as pa
 
+from ..acquisition import verify_placed
 from ..config import corpus_spec
 from ..data import extract
 from ..data.schema import SAMPLE_SCHEMA, write_table
@@ -111,6 +112,8 @@ def ingest_records(records, *, source: str, backend: str, settings: dict):
 def run(args, params: dict) -> int:
     spec = corpus_spec(params, args.corpus)
     source = spec["source"]
+    if source["kind"] != "hub":  # a file put in an acquired folder by hand: its pin first
+        verify_placed(source["path"], params.get("acquire", {}))
     name = source.get("name", args.corpus)
     log.info("ingesting corpus %s from %s source %s", args.corpus, source["kind"], source.get("path"))
     rows, report = ingest_records(

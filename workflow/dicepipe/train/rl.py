@@ -34,6 +34,7 @@ from tqdm import tqdm
 from ..model.loading import LoadedModel, save_model
 from . import checkpoint
 from .data import stable_seed
+from .interrupt import StopOnSigterm
 from .metrics import RunProgress, StepLog, publish_logs, write_summary
 from .optim import make_adamw
 from .parallel import DistEnv, all_reduce_sum, barrier
@@ -219,19 +220,24 @@ def _loop(run: RLRun, paths: RLPaths, options: RunOptions, start: int, bf16: boo
         _select(run, paths, best, 0, val_log)
     bar = tqdm(range(start, s["steps"]), desc=f"rl {s['stage']}", disable=not env.is_main,
                initial=start, total=s["steps"])
-    for step in bar:
-        done = step + 1
-        with progress:  # the step and its validation
-            row = rl_step(run, step)
-            steps_log.write(row)
-            if done % s["eval_every_steps"] == 0 or done == s["steps"]:
-                _select(run, paths, best, done, val_log)
-        bar.set_postfix(reward=f"{row['mean_reward']:.3f}", kept=f"{row['groups_kept']}/{row['groups']}")
-        if options.stop_after_steps is not None and done >= options.stop_after_steps:
-            _save_checkpoint(run, work, done, progress, best)
-            return None
-        if done % s["save_every_steps"] == 0 and done < s["steps"]:
-            _save_checkpoint(run, work, done, progress, best)
+    with StopOnSigterm(env) as term:
+        for step in bar:
+            done = step + 1
+            with progress:  # the step and its validation
+                row = rl_step(run, step)
+                steps_log.write(row)
+                if done % s["eval_every_steps"] == 0 or done == s["steps"]:
+                    _select(run, paths, best, done, val_log)
+            bar.set_postfix(reward=f"{row['mean_reward']:.3f}", kept=f"{row['groups_kept']}/{row['groups']}")
+            if options.stop_after_steps is not None and done >= options.stop_after_steps:
+                _save_checkpoint(run, work, done, progress, best)
+                return None
+            if done % s["save_every_steps"] == 0 and done < s["steps"]:
+                _save_checkpoint(run, work, done, progress, best)
+            if done < s["steps"] and term.requested():  # a time limit's SIGTERM
+                if done % s["save_every_steps"] != 0:
+                    _save_checkpoint(run, work, done, progress, best)
+                raise term.stop(done, work)
     summary = _finish(run, paths, best, steps_log, progress, options)
     barrier(env)
     return summary

@@ -18,6 +18,7 @@ from ..model.loading import LoadedModel, save_model
 from ..model.objective import BlockDiffusionLM
 from . import checkpoint
 from .data import SFTData, StepPlan, micro_batch, stable_seed
+from .interrupt import StopOnSigterm
 from .metrics import RunProgress, StepLog, publish_logs, write_summary
 from .optim import lr_factor, make_adamw, set_lr, warmup_steps
 from .parallel import DistEnv, all_reduce_mean, all_reduce_sum, barrier, parallelize
@@ -110,30 +111,36 @@ def run_sft(loaded: LoadedModel, data: SFTData, settings: dict, paths: SFTPaths,
     fixed_shape = env.device.type == "cuda"
     bar = tqdm(range(start, plan.total_steps), desc="sft", disable=not env.is_main, initial=start,
                total=plan.total_steps)
-    for step in bar:
-        lr = settings["learning_rate"] * lr_factor(step, plan.total_steps, warmup, settings["lr_schedule"])
-        set_lr(optimizer, lr)
-        batches = [micro_batch(data, rows, loaded.settings, settings["noise_eps"],
-                               stable_seed(settings["seed"], step // plan.steps_per_epoch, position),
-                               settings["cutoff_len"], fixed_shape)
-                   for position, rows in plan.micro_batches(step, env.rank)]
-        with progress:
-            stats = train_step(model, optimizer, batches, env=env, use_flex=use_flex, bf16=bf16,
-                               max_grad_norm=settings["max_grad_norm"])
-        progress.tokens += stats["tokens"]
-        row = {"step": step + 1, "epoch": step // plan.steps_per_epoch + 1, "learning_rate": lr,
-               "tokens_per_s": stats["tokens"] / max(progress.last_s, 1e-9), **stats}
-        if (step + 1) % settings["log_every_steps"] == 0 or step + 1 == plan.total_steps:
-            steps_log.write(row)
-        bar.set_postfix(loss=f"{stats['loss']:.4f}")
-        done = step + 1
-        if options.stop_after_steps is not None and done >= options.stop_after_steps:
-            checkpoint.save_checkpoint(paths.work_dir, done, model, optimizer, env,
-                                       progress=progress.state())
-            return None
-        if done % settings["save_every_steps"] == 0 and done < plan.total_steps:
-            checkpoint.save_checkpoint(paths.work_dir, done, model, optimizer, env,
-                                       progress=progress.state())
+    with StopOnSigterm(env) as term:
+        for step in bar:
+            lr = settings["learning_rate"] * lr_factor(step, plan.total_steps, warmup, settings["lr_schedule"])
+            set_lr(optimizer, lr)
+            batches = [micro_batch(data, rows, loaded.settings, settings["noise_eps"],
+                                   stable_seed(settings["seed"], step // plan.steps_per_epoch, position),
+                                   settings["cutoff_len"], fixed_shape)
+                       for position, rows in plan.micro_batches(step, env.rank)]
+            with progress:
+                stats = train_step(model, optimizer, batches, env=env, use_flex=use_flex, bf16=bf16,
+                                   max_grad_norm=settings["max_grad_norm"])
+            progress.tokens += stats["tokens"]
+            row = {"step": step + 1, "epoch": step // plan.steps_per_epoch + 1, "learning_rate": lr,
+                   "tokens_per_s": stats["tokens"] / max(progress.last_s, 1e-9), **stats}
+            if (step + 1) % settings["log_every_steps"] == 0 or step + 1 == plan.total_steps:
+                steps_log.write(row)
+            bar.set_postfix(loss=f"{stats['loss']:.4f}")
+            done = step + 1
+            if options.stop_after_steps is not None and done >= options.stop_after_steps:
+                checkpoint.save_checkpoint(paths.work_dir, done, model, optimizer, env,
+                                           progress=progress.state())
+                return None
+            if done % settings["save_every_steps"] == 0 and done < plan.total_steps:
+                checkpoint.save_checkpoint(paths.work_dir, done, model, optimizer, env,
+                                           progress=progress.state())
+            if done < plan.total_steps and term.requested():  # a time limit's SIGTERM
+                if done % settings["save_every_steps"] != 0:
+                    checkpoint.save_checkpoint(paths.work_dir, done, model, optimizer, env,
+                                               progress=progress.state())
+                raise term.stop(done, paths.work_dir)
     _save_final(model, loaded, settings, paths, env, bf16)
     summary = _summary(steps_log, plan, data, progress, model)
     if env.is_main:
