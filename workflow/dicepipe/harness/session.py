@@ -117,9 +117,22 @@ def stored_results(folder: str | os.PathLike | None, name: str,
 
 def _reusable(stored: dict, key: str) -> bool:
     """Same content, and a row of today's schema (a row from before a column was added is
-    measured again rather than shown with that column missing)."""
+    measured again rather than shown with that column missing), and not a check that ran
+    out of memory before the checks had memory plans."""
     return (stored.get("content_key") == key and all(n in stored for n in RESULT_SCHEMA.names)
-            and (stored.get("error_phase") or "") not in _TRANSIENT_PHASES)
+            and (stored.get("error_phase") or "") not in _TRANSIENT_PHASES
+            and not _short_of_memory_unplanned(stored))
+
+
+def _short_of_memory_unplanned(stored: dict) -> bool:
+    """A row whose job ran out of memory with no memory plan named: measured before the
+    checks fell back to leaner plans (the harness's own copies running out was recorded
+    as the candidate's failure then), or in a phase that has no plans (timing). Today's
+    verdicts on memory name the plan ("... in the leanest memory plan ..."). Such rows are
+    measured again; every other row means what it meant, so METHOD_VERSION stays."""
+    text = stored.get("error") or ""
+    return (("out of memory" in text or "OutOfMemoryError" in text)
+            and "memory plan" not in text)
 
 
 def copy_row(row: dict, job_id: str) -> dict:

@@ -146,11 +146,20 @@ def summarize(table, thresholds: list[float], robust: bool, protocols: dict) -> 
     records = [{"task_id": r["job_id"], "level": 0,
                 "reference_ok": r.get("error_phase") != "reference", "result": r} for r in rows]
     failed = [r["result"]["job_id"] for r in records if not r["reference_ok"]]
+    # a reference that does not fit the device even in the leanest memory plan: the task's
+    # too, named apart (harness/worker/memory_plans.py)
+    limited = [r["job_id"] for r in rows if r["job_id"] in failed
+               and (r.get("error") or "").startswith("harness-limited")]
     n = len(rows) - len(failed)
     lines = [f"{len(rows)} kernels: {sum(bool(r['compiled']) for r in rows)} compiled"]
-    if failed:
-        lines.append(f"{len(failed)} references failed on their own (a reference failure, not a "
-                     f"wrong candidate; left out of the counts below): {_names(failed)}")
+    if len(failed) > len(limited):
+        own = [name for name in failed if name not in limited]
+        lines.append(f"{len(own)} references failed on their own (a reference failure, not a "
+                     f"wrong candidate; left out of the counts below): {_names(own)}")
+    if limited:
+        lines.append(f"{len(limited)} tasks are harness-limited: their reference alone does not "
+                     "fit this device's memory (not the candidate's failure; left out of the "
+                     f"counts below): {_names(limited)}")
 
     def count(share):  # score_group's shares are means over one-row tasks
         return round((share or 0) * n)

@@ -14,6 +14,13 @@ Comparison is tolerance as data: `tolerance_needed` is the smallest t such that
 `torch.allclose`, atol scaled by the output's largest magnitude once that passes 1). It is 0
 for identical outputs and +inf for a shape, dtype or count mismatch, a non-finite candidate
 value, or any difference in a non-floating output (those compare exactly).
+
+Memory: every comparison walks its tensors in blocks of at most `CHUNK` elements
+(`index_blocks`: views along the leading dimensions, so no whole-output copy is made, in
+float64 or otherwise), the two sides may live on different devices (a block is moved to the
+side that computes), and block results combine exactly (maxima, equality), so the verdicts
+are those of the whole-tensor arithmetic, bit for bit. Variants are applied in place, in
+blocks, where an input tensor overlaps no other (`apply_variant(in_place=True)`).
 """
 
 from __future__ import annotations
@@ -21,6 +28,8 @@ from __future__ import annotations
 import math
 
 import torch
+
+CHUNK = 1 << 22  # elements per block of a comparison (32 MiB as float64)
 
 VARIANTS = ("as_drawn", "negated", "centered_x4", "shift_scale", "normal")
 LOW_PRECISION = (torch.float16, torch.bfloat16)
@@ -62,7 +71,8 @@ def value_normal(x: torch.Tensor, seed: int, chunk: int = 1 << 22) -> torch.Tens
     return out.view(x.shape)
 
 
-def apply_variant(inputs: list, variant: str, seed: int) -> list:
+def apply_variant(inputs: list, variant: str, seed: int, in_place: bool = False,
+                  shared: tuple = ()) -> list:
     """The inputs under one distribution variant, applied to each floating-point tensor.
 
     Every variant maps each element by its value alone and keeps exact zeros, so structure
@@ -70,26 +80,94 @@ def apply_variant(inputs: list, variant: str, seed: int) -> list:
     zeros, symmetry, repeated entries (KernelBench's triangular and symmetric matmuls,
     whose right kernels use that structure). Dense draws (rand, randn) have no exact zeros,
     so for them the variants are as wide as before.
+
+    in_place: the tensors are overwritten block by block (the same values as the
+    out-of-place transform, element for element) instead of copied, so a variant costs no
+    second copy of the inputs. Only a tensor nothing else holds is: one that overlaps another
+    input or itself (a view, an expanded tensor), whose storage another tensor shares, or
+    that is one of `shared` (the task module's own tensors, which `get_inputs` may return
+    as they are) is transformed out of place, as before.
     """
     if variant == "as_drawn":
         return inputs
+    if variant not in VARIANTS:
+        raise ValueError(variant)
+    floating = [x for x in flatten(inputs) if isinstance(x, torch.Tensor) and x.is_floating_point()]
 
     def transform(x):
         if not isinstance(x, torch.Tensor) or not x.is_floating_point():
             return x
-        if variant == "negated":
-            return -x
-        if variant == "centered_x4":
-            y = (x - x.mean()) * 4.0
-        elif variant == "shift_scale":
-            y = x * 3.0 + 1.5
-        elif variant == "normal":
-            y = value_normal(x, seed)
-        else:
-            raise ValueError(variant)
-        return torch.where(x == 0, x, y)
+        if in_place and _owns_its_memory(x, floating, shared):
+            _transform_in_place(x, variant, seed)
+            return x
+        return _transformed(x, variant, seed, x.mean() if variant == "centered_x4" else None)
 
     return [transform(x) for x in inputs]
+
+
+def _transformed(x: torch.Tensor, variant: str, seed: int, mean) -> torch.Tensor:
+    if variant == "negated":
+        return -x
+    if variant == "centered_x4":
+        y = (x - mean) * 4.0
+    elif variant == "shift_scale":
+        y = x * 3.0 + 1.5
+    else:
+        y = value_normal(x, seed)
+    return torch.where(x == 0, x, y)
+
+
+def _owns_its_memory(x: torch.Tensor, floating: list[torch.Tensor], shared: tuple) -> bool:
+    """x is dense without overlap, is none of `shared`, and no other tensor (an input or
+    anything else alive) uses its storage."""
+    use_count = getattr(torch._C, "_storage_Use_Count", None)
+    if use_count is None or x.numel() == 0 or not _dense(x):
+        return False
+    if any(x is t for t in shared):
+        return False
+    storage = x.untyped_storage()
+    holders = sum(1 for y in floating if y.untyped_storage().data_ptr() == storage.data_ptr())
+    # one tensor holds it, and the storage object made just now for the question
+    return holders == 1 and use_count(storage._cdata) <= 2
+
+
+def _dense(x: torch.Tensor) -> bool:
+    """Every element at its own address and no gaps (contiguous in some order of dims)."""
+    expected = 1
+    for stride, size in sorted((st, sz) for sz, st in zip(x.shape, x.stride()) if sz != 1):
+        if stride != expected:
+            return False
+        expected *= size
+    return True
+
+
+def module_tensors(get_inputs) -> tuple:
+    """The tensors a task module keeps at its top level (directly or in a list, tuple or
+    dict): `get_inputs` may hand them out as they are, so they are never written over."""
+    found = []
+    for value in getattr(get_inputs, "__globals__", {}).values():
+        items = value.values() if isinstance(value, dict) else (
+            value if isinstance(value, (list, tuple)) else (value,))
+        found += [v for v in items if isinstance(v, torch.Tensor)]
+    return tuple(found)
+
+
+def _transform_in_place(x: torch.Tensor, variant: str, seed: int) -> None:
+    """The variant written over x in blocks (elementwise maps, so the values are those of
+    the whole-tensor transform; the centred variant's mean is the whole tensor's)."""
+    mean = x.mean() if variant == "centered_x4" else None
+    for idx in index_blocks(tuple(x.shape), CHUNK):
+        block = x[idx]
+        block.copy_(_transformed(block, variant, seed, mean))
+
+
+def device_copy(obj, device: str):
+    """A fresh copy of obj's tensors on `device` (a copy even where they are already there)."""
+    if isinstance(obj, torch.Tensor):
+        return obj.to(device, copy=True)
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(device_copy(x, device) for x in obj)
+    return obj
 
 
 def clone_args(args: list) -> list:
@@ -118,10 +196,12 @@ def tensors(obj) -> list[torch.Tensor]:
     return [x for x in flatten(obj) if isinstance(x, torch.Tensor)]
 
 
-def all_finite(obj) -> bool:
+def all_finite(obj, chunk: int = CHUNK) -> bool:
     for x in flatten(obj):
-        if isinstance(x, torch.Tensor) and x.is_floating_point() and not torch.isfinite(x).all():
-            return False
+        if isinstance(x, torch.Tensor) and x.is_floating_point():
+            for idx in index_blocks(tuple(x.shape), chunk):
+                if not bool(torch.isfinite(x[idx]).all()):
+                    return False
         if isinstance(x, float) and not math.isfinite(x):
             return False
     return True
@@ -139,29 +219,69 @@ def output_precision(ref) -> str:
     return "low_precision" if all(d in LOW_PRECISION for d in floating) else "fp32"
 
 
-def tensor_tolerance(r: torch.Tensor, c: torch.Tensor) -> tuple[float, float]:
-    """(tolerance needed, max abs error) for two tensors of equal shape and dtype."""
+def index_blocks(shape: tuple, chunk: int = CHUNK, prefix: tuple = ()):
+    """Indices of blocks covering a tensor of `shape` in row-major order, each at most
+    `chunk` elements: whole rows of the leading dimension where they fit, else one index of
+    it and the blocks of the rest. `t[idx]` is a view; only its `reshape(-1)` may copy, at
+    most `chunk` elements."""
+    if not shape:
+        yield prefix
+        return
+    inner = math.prod(shape[1:])
+    if inner <= chunk:
+        rows = max(1, chunk // max(inner, 1))
+        for start in range(0, shape[0], rows):
+            yield prefix + (slice(start, min(start + rows, shape[0])),)
+        return
+    for i in range(shape[0]):
+        yield from index_blocks(shape[1:], chunk, prefix + (i,))
+
+
+def pair_blocks(a: torch.Tensor, b: torch.Tensor, chunk: int = CHUNK):
+    """Matching flat blocks of two tensors of one shape, on one device (the one that
+    computes: a GPU where either side is on one)."""
+    device = b.device if b.device.type != "cpu" else a.device
+    for idx in index_blocks(tuple(a.shape), chunk):
+        yield a[idx].reshape(-1).to(device), b[idx].reshape(-1).to(device)
+
+
+def _max_of(values: list[torch.Tensor]) -> float:
+    """The largest of block maxima (NaN if any is NaN, as a whole-tensor max gives)."""
+    return float(torch.stack([v.to("cpu") for v in values]).max())
+
+
+def tensor_tolerance(r: torch.Tensor, c: torch.Tensor, chunk: int = CHUNK) -> tuple[float, float]:
+    """(tolerance needed, max abs error) for two tensors of equal shape and dtype, computed
+    in blocks of `chunk` elements (exactly the whole-tensor values: maxima of the same
+    elementwise terms)."""
     if r.numel() == 0:
         return 0.0, 0.0
     if not r.is_floating_point() and not r.is_complex():
-        equal = bool(torch.equal(r, c))
+        equal = all(bool(torch.equal(x, y)) for x, y in pair_blocks(r, c, chunk))
         return (0.0, 0.0) if equal else (math.inf, math.inf)
     work = torch.float64 if r.dtype in (torch.float64, torch.complex128) else torch.float32
     if r.is_complex():
-        rw, cw = torch.view_as_real(r).to(work), torch.view_as_real(c).to(work)
-    else:
-        rw, cw = r.to(work), c.to(work)
-    if not torch.isfinite(cw).all():
-        return math.inf, math.inf
-    diff = (rw - cw).abs()
-    err = float(diff.max())
+        r, c = torch.view_as_real(r), torch.view_as_real(c)
+    # pass 1: the candidate finite, the largest error and the reference's largest magnitude
+    errors, magnitudes = [], []
+    for rb, cb in pair_blocks(r, c, chunk):
+        rw, cw = rb.to(work), cb.to(work)
+        if not bool(torch.isfinite(cw).all()):
+            return math.inf, math.inf
+        errors.append((rw - cw).abs().max())
+        magnitudes.append(rw.abs().max())
+    err = _max_of(errors)
     if math.isnan(err):  # a non-finite reference value: NaN never passes
         return math.inf, math.inf
     # atol is relative to the output's range once that passes 1: on mixed-sign inputs a
     # right fp32 reduction leaves near-zero sums with errors of eps * (sum of |terms|)
-    scale = max(1.0, float(rw.abs().max()))
-    needed = float((diff / (scale + rw.abs())).max())
-    return needed, err
+    scale = max(1.0, _max_of(magnitudes))
+    # pass 2: the smallest t with |c - r| <= t * scale + t * |r| everywhere
+    needed = []
+    for rb, cb in pair_blocks(r, c, chunk):
+        rw, cw = rb.to(work), cb.to(work)
+        needed.append(((rw - cw).abs() / (scale + rw.abs())).max())
+    return _max_of(needed), err
 
 
 def within_max_tolerance(needed: float, settings: dict) -> bool:
@@ -186,7 +306,7 @@ def compare(ref, cand) -> tuple[float, float, str]:
                         f"output {i}: shape {tuple(c.shape)}, expected {tuple(r.shape)}")
             if c.dtype != r.dtype:
                 return math.inf, math.inf, f"output {i}: dtype {c.dtype}, expected {r.dtype}"
-            t, err = tensor_tolerance(r, c.to(r.device))
+            t, err = tensor_tolerance(r, c)
         elif isinstance(r, float) and isinstance(c, (int, float)) and not isinstance(c, bool):
             t, err = tensor_tolerance(torch.tensor(r, dtype=torch.float64),
                                       torch.tensor(float(c), dtype=torch.float64))
@@ -227,23 +347,31 @@ def shares_memory(a, b) -> bool:
     return False
 
 
-def same_values(a, b) -> bool:
+def tensors_equal(x: torch.Tensor, y: torch.Tensor, chunk: int = CHUNK) -> bool:
+    """torch.equal of two tensors (any devices), block by block."""
+    if x.shape != y.shape or x.dtype != y.dtype:
+        return False
+    return all(bool(torch.equal(a, b)) for a, b in pair_blocks(x, y, chunk))
+
+
+def same_values(a, b, chunk: int = CHUNK) -> bool:
     ta, tb = flatten(a), flatten(b)
     if len(ta) != len(tb):
         return False
     for x, y in zip(ta, tb):
         if isinstance(x, torch.Tensor) and isinstance(y, torch.Tensor):
-            if x.shape != y.shape or x.dtype != y.dtype or not torch.equal(x, y.to(x.device)):
+            if not tensors_equal(x, y, chunk):
                 return False
         elif isinstance(x, torch.Tensor) or isinstance(y, torch.Tensor) or x != y:
             return False
     return True
 
 
-def outputs_changed(a, b, threshold: float = 1e-5) -> bool:
+def outputs_changed(a, b, threshold: float = 1e-5, chunk: int = CHUNK) -> bool:
     """Whether the reference's outputs moved between two input sets. Floating tensors move
     when their largest change passes `threshold` of their magnitude; every other output
-    (bool, int, index tensors, Python values) moves when it is not exactly equal."""
+    (bool, int, index tensors, Python values) moves when it is not exactly equal. Computed
+    in float64 (complex128) blocks of `chunk` elements, never a whole float64 copy."""
     items_a, items_b = flatten(a), flatten(b)
     if len(items_a) != len(items_b):
         return True
@@ -259,13 +387,18 @@ def outputs_changed(a, b, threshold: float = 1e-5) -> bool:
         if x.numel() == 0:
             continue
         if not (x.is_floating_point() or x.is_complex()):
-            if not torch.equal(x, y.to(x.device)):
+            if not tensors_equal(x, y, chunk):
                 return True
             continue
-        xf = x.to(torch.complex128 if x.is_complex() else torch.float64)
-        yf = y.to(xf.dtype).to(x.device)
-        scale = float(xf.abs().max()) + float(yf.abs().max()) + 1e-30
-        if not float((xf - yf).abs().max()) / scale <= threshold:  # NaN counts as moved
+        wide = torch.complex128 if x.is_complex() else torch.float64
+        mag_x, mag_y, diffs = [], [], []
+        for xb, yb in pair_blocks(x, y, chunk):
+            xf, yf = xb.to(wide), yb.to(wide)
+            mag_x.append(xf.abs().max())
+            mag_y.append(yf.abs().max())
+            diffs.append((xf - yf).abs().max())
+        scale = _max_of(mag_x) + _max_of(mag_y) + 1e-30
+        if not _max_of(diffs) / scale <= threshold:  # NaN counts as moved
             return True
     return False
 
@@ -320,14 +453,15 @@ def _malloc_trim():
     return _TRIM[0]
 
 
-def allclose_tolerance(ref, cand, chunk: int = 1 << 24) -> float:
+def allclose_tolerance(ref, cand, chunk: int = CHUNK) -> float:
     """The smallest t at which `torch.allclose(ref, cand, atol=t, rtol=t)` holds: the
     comparison KernelBench makes, `allclose(output, output_new)`: |r - c| <= t + t * |c|
     everywhere (the relative term is on the candidate's value, torch's `other`; no scaling
     by the output's range). 0 for identical outputs; +inf where allclose cannot pass at any t or
     would raise: a shape or dtype mismatch, a NaN in either output, an infinity that the
     other side does not match, or an output that is not one tensor. Computed in float64 in
-    chunks of `chunk` elements, so a multi-GB output needs no full-size float64 copies."""
+    blocks of `chunk` elements (either side may be in host memory), so a multi-GB output
+    needs no full-size float64 copies."""
     if not isinstance(ref, torch.Tensor) or not isinstance(cand, torch.Tensor):
         return math.inf
     if tuple(ref.shape) != tuple(cand.shape) or ref.dtype != cand.dtype:
@@ -336,12 +470,9 @@ def allclose_tolerance(ref, cand, chunk: int = 1 << 24) -> float:
         return 0.0
     if ref.is_complex():
         ref, cand = torch.view_as_real(ref), torch.view_as_real(cand)
-    flat_r = ref.reshape(-1)
-    flat_c = cand.to(ref.device).reshape(-1)
     worst = 0.0
-    for start in range(0, flat_r.numel(), chunk):
-        r = flat_r[start:start + chunk].to(torch.float64)
-        c = flat_c[start:start + chunk].to(torch.float64)
+    for rb, cb in pair_blocks(ref, cand, chunk):
+        r, c = rb.to(torch.float64), cb.to(torch.float64)
         if bool(torch.isnan(r).any()) or bool(torch.isnan(c).any()):
             return math.inf
         differ = r != c  # equal values (equal infinities too) are close at any t
@@ -352,3 +483,12 @@ def allclose_tolerance(ref, cand, chunk: int = 1 << 24) -> float:
             return math.inf
         worst = max(worst, float(((r - c).abs() / (1.0 + c.abs())).max()))
     return worst
+
+
+def to_host(obj):
+    """A copy of obj's tensors in host memory (the kept copies of the leaner memory plans)."""
+    if isinstance(obj, torch.Tensor):
+        return obj.to("cpu", copy=True)
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(to_host(x) for x in obj)
+    return obj

@@ -7,7 +7,11 @@ The flow, with the phase names the orchestrator's per-phase timeouts follow:
            its seeds, the tolerance `allclose` needed per trial), then the strict ones:
            `correct_trials` trials on fresh inputs of varied distributions (trials.py), the
            reference first, then the candidate twice after the free memory is scrubbed;
-           every trial runs, and the row records the tolerance they needed;
+           every trial runs, and the row records the tolerance they needed. Both retry in
+           leaner memory plans after an out-of-memory error (memory_plans.py); a reference
+           that cannot be checked even in the leanest is the task's failure (phase
+           `reference`, "harness-limited"), and a leaner plan's skipped checks are noted
+           in the row's error text;
   timing   (a row correct within `max_tolerance` under the check `timing_gate` names, or
            either) up to `repeats` interleaved measurements on rotating, refilled input buffers,
            stopping once the interval settles; a sample of timed candidate outputs is
@@ -94,8 +98,12 @@ def _evaluate(msg: dict, ctx, counter, resolver, guard) -> tuple[dict, list[str]
                 row.update(check_correctness(ref_mod.get_inputs, ref_model, cand_model,
                                              msg["seed"], settings, device,
                                              plan=msg.get("variant_plan")))
-            except ReferenceFailed as exc:
+            except ReferenceFailed as exc:  # HarnessLimited too: the task's, by its reference
                 raise JobFailed("reference", str(exc), compiled=True)
+            memory_plan = row.pop("memory_plan")
+            note = row.pop("memory_note")
+            if note:  # which checks a leaner memory plan skipped, and why
+                row["error"] = f"{row.get('error') or ''} {note}".strip()
             row["wall_correct_s"] = time.monotonic() - t1
             tampered += guard.check()
             kb_correct = (len(kb) == int(settings["kernelbench_trials"]) > 0
@@ -118,7 +126,8 @@ def _evaluate(msg: dict, ctx, counter, resolver, guard) -> tuple[dict, list[str]
                 plan = msg.get("variant_plan")
                 row["flag_post_timing_wrong"] = not post_timing_check(
                     ref_mod.get_inputs, ref_model, cand_model, msg["seed"], settings, device,
-                    varied=strict_correct and (plan is None or "normal" in plan))
+                    varied=strict_correct and (plan is None or "normal" in plan),
+                    memory_plan=memory_plan)
                 tampered += guard.check()
     except JobFailed as exc:
         row.update(error=str(exc), error_phase=exc.phase, compiled=exc.compiled)

@@ -29,6 +29,8 @@ import math
 import torch
 
 from . import correctness as C
+from . import memory_plans as M
+from .trials import HarnessLimited
 from .trials import sync as _sync
 
 KERNELBENCH_SEED = 42  # eval_kernel_against_ref(seed_num=42): model weights and trial seeds
@@ -49,26 +51,63 @@ def run_kernelbench_trials(get_inputs, ref_model, cand_model, count: int, device
     """Append one tolerance per trial to `record` (in place, so a job that dies mid-way
     keeps the trials that ran). `on_reference_error(exc)` is raised when the reference
     fails on its own inputs; a candidate error is the trial's failure (+inf) and ends the
-    trials, re-raised only when it may have broken the CUDA context."""
+    trials, re-raised only when it may have broken the CUDA context.
+
+    Memory: the trials hold what KernelBench's hold (one input set, the reference's output
+    and the candidate's). An out-of-memory error anywhere starts them again with the
+    reference's output kept in host memory (memory_plans.KERNELBENCH_PLANS); there, the
+    candidate's own call running out is its failure, as any error of its call is, and
+    anything else means the reference alone cannot be checked here (HarnessLimited)."""
+    for index, plan in enumerate(M.KERNELBENCH_PLANS):
+        record.clear()
+        try:
+            _trials(get_inputs, ref_model, cand_model, count, device, record,
+                    on_reference_error, plan, last=index == len(M.KERNELBENCH_PLANS) - 1)
+            return
+        except Exception as exc:  # noqa: BLE001 - all but running short re-raised
+            if not M.short_of_memory(exc):
+                raise
+            step, text = M.whose(exc), str(exc)[:500]
+        M.free_memory(device)
+        if index == len(M.KERNELBENCH_PLANS) - 1:
+            raise HarnessLimited(
+                "harness-limited: the reference alone cannot be checked within this device's "
+                f"memory (KernelBench's trials: the {step} step ran out with only the "
+                "reference's output kept, in host memory): " + text)
+
+
+def _trials(get_inputs, ref_model, cand_model, count: int, device: str, record: list,
+            on_reference_error, plan: M.MemoryPlan, last: bool) -> None:
     with torch.no_grad():
         for seed in trial_seeds(count):
             torch.manual_seed(seed)
             try:  # the task's own inputs failing is the reference's failure, as its call is
-                inputs = C.to_device(list(get_inputs()), device)
-            except torch.cuda.OutOfMemoryError:
-                raise  # the card's limit, not the reference's fault
+                inputs = C.to_device(list(M.guarded_call("reference", get_inputs)), device)
+            except M.ReferenceOutOfMemory:
+                raise
             except Exception as exc:
+                if M.is_out_of_memory(exc):  # moving them to the device: the card's limit
+                    raise M.ReferenceOutOfMemory(f"reference's inputs: {str(exc)[:500]}") from None
                 raise on_reference_error(exc) from exc
             torch.manual_seed(seed)
             try:
-                ref = ref_model(*inputs)
+                ref = M.guarded_call("reference", ref_model, *inputs)
                 _sync(device)
+            except M.ReferenceOutOfMemory:
+                raise
             except Exception as exc:
                 raise on_reference_error(exc) from exc
+            if not plan.keep_on_device:
+                ref = C.to_host(ref)
             torch.manual_seed(seed)
             try:
-                cand = cand_model(*inputs)
+                cand = M.guarded_call("candidate", cand_model, *inputs)
                 _sync(device)
+            except M.CandidateOutOfMemory:
+                if not last:
+                    raise  # a leaner plan may give it the room
+                record.append(math.inf)
+                return
             except Exception:
                 record.append(math.inf)
                 if device == "cuda" and C.cuda_context_broken():
@@ -82,4 +121,3 @@ def run_kernelbench_trials(get_inputs, ref_model, cand_model, count: int, device
             del ref, cand, inputs
             if ended:
                 return
-
