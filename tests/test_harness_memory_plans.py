@@ -299,12 +299,16 @@ def get_init_inputs():
 
 
 def job_row(tmp_path, ref_short: str, cand_short: str, device: str = "cpu",
-            shape: str = "16, 40", kb_trials: int = 5) -> dict:
-    settings = dict(SETTINGS, run_timeout_s=600, kernelbench_trials=kb_trials,
-                    cudnn_allow_tf32=True, matmul_allow_tf32=False, timing_gate="any")
+            shape: str = "16, 40", kb_trials: int = 5, measure_speed: bool = False) -> dict:
+    from dicepipe.harness import HarnessSettings
+
+    settings = HarnessSettings.with_defaults(
+        correct_trials=5, kernelbench_trials=kb_trials, warmup_trials=1, timing_trials_cpu=10,
+        repeats=1, cache_dir=str(tmp_path)).to_wire()
     msg = {"reference_code": PROGRAM.format(name="Model", short=ref_short, shape=shape),
            "candidate_code": PROGRAM.format(name="ModelNew", short=cand_short, shape=shape),
-           "seed": 3, "settings": settings, "measure_speed": False, "variant_plan": None}
+           "seed": 3, "settings": settings, "measure_speed": measure_speed,
+           "variant_plan": None}
     context = _Context(tmp_path)
     context.device = device
     return device_job.run_job(msg, context)["row"]
@@ -324,6 +328,25 @@ def test_a_job_names_whose_memory_ran_out(tmp_path):
     assert lean["correct"] and lean["kb_trial_tolerance"] == [0.0] * 5
     assert lean.get("error_phase") is None
     assert "memory plan 'host'" in lean["error"] and "across trials" in lean["error"]
+
+
+def test_timing_short_of_room_is_skipped_unless_the_candidate_ran_out(tmp_path, monkeypatch):
+    from dicepipe.harness.worker import measure
+
+    # 5 KernelBench trials and 10 strict calls of the candidate, then timing's
+    blamed = job_row(tmp_path, "False", "len(CALLS) > 15", measure_speed=True)
+    assert not blamed["correct"] and blamed["error_phase"] == "timing"
+    timed = job_row(tmp_path, "False", "False", measure_speed=True)
+    assert timed["correct"] and timed["speedup_median"] is not None
+
+    def no_room(*args, **kwargs):
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 6.00 GiB")
+
+    monkeypatch.setattr(measure.RotatingInputs, "__init__", no_room)
+    skipped = job_row(tmp_path, "False", "False", measure_speed=True)
+    assert skipped["correct"] and skipped.get("error_phase") is None
+    assert skipped["speedup_median"] is None and skipped["num_repeats"] == 0
+    assert "timing and the post-timing check skipped" in skipped["error"]
 
 
 def test_rows_that_ran_out_of_memory_without_a_plan_are_measured_again():

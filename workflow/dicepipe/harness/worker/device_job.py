@@ -18,6 +18,9 @@ The flow, with the phase names the orchestrator's per-phase timeouts follow:
            checked (measure.py): an output served from a cache makes the row incorrect and
            its timing is dropped;
   post     one more check on inputs drawn after timing.
+An out-of-memory error in timing or post outside the candidate's own call (the phase's own
+copies did not fit beside the calls) skips what is left, the verdict standing and the row
+saying so; in the candidate's call it fails the row, as any error there does.
 Everything returned is plain data for the result row; exceptions from candidate code end the
 job with its error, never the worker, except where the CUDA context may be damaged.
 """
@@ -31,13 +34,20 @@ import traceback
 
 import torch
 
+from . import memory_plans
 from .correctness import cuda_context_broken, within_max_tolerance
 from .extensions import BuildFailedError, ExtensionResolver
 from .guards import TamperGuard
 from .kb_trials import KERNELBENCH_SEED, run_kernelbench_trials
 from .loader import CallCounter, exec_module, forget_module, intercept_load_inline
 from .measure import TIMING_COLUMNS, run_timing
-from .trials import ReferenceFailed, check_correctness, post_timing_check, probe_reference
+from .trials import (
+    HarnessLimited,
+    ReferenceFailed,
+    check_correctness,
+    post_timing_check,
+    probe_reference,
+)
 
 CUDA_FATAL = ("CUDA error", "illegal memory access", "device-side assert", "CUBLAS_STATUS",
               "unspecified launch failure", "misaligned address", "an illegal instruction")
@@ -136,8 +146,12 @@ def _evaluate(msg: dict, ctx, counter, resolver, guard) -> tuple[dict, list[str]
     except BaseException as exc:
         if isinstance(exc, KeyboardInterrupt):
             raise
+        phase = ctx.current_phase or ""
+        if phase.startswith(("timing", "post")) and _harness_short(exc):
+            _skip_for_memory(row, phase, exc)
+            return row, tampered
         row.update(error=_format(exc), error_phase=ctx.current_phase)
-        if (ctx.current_phase or "").startswith(("timing", "post")):
+        if phase.startswith(("timing", "post")):
             # right on the correctness trials, then raised under repeated calls: a kernel
             # that fails when run again is not correct (as a worker timeout there is not)
             row["correct"] = False
@@ -242,6 +256,28 @@ def _context_broken(device: str, error: str | None) -> bool:
     if error and any(marker in error for marker in CUDA_FATAL):
         return True
     return cuda_context_broken()
+
+
+def _harness_short(exc: BaseException) -> bool:
+    """Out of memory, and not in the candidate's own call: the timing phase's copies (its
+    input slots, the checked outputs) or the post-timing check's plans did not fit."""
+    if isinstance(exc, HarnessLimited):
+        return True
+    return memory_plans.short_of_memory(exc) and memory_plans.whose(exc) != "candidate"
+
+
+def _skip_for_memory(row: dict, phase: str, exc: BaseException) -> None:
+    """The correctness verdict stands; what the device had no room for is not measured, and
+    the row says so (timing: its columns dropped, so no speedup is claimed)."""
+    if phase.startswith("timing"):
+        what = "timing and the post-timing check"
+        for name, empty in TIMING_COLUMNS.items():
+            row[name] = empty() if callable(empty) else empty
+    else:
+        what = "the post-timing check"
+    row["error"] = (f"{row.get('error') or ''} [{what} skipped: the device was short of room "
+                    f"for the harness's own copies beside the calls (the "
+                    f"{memory_plans.whose(exc)} step)]").strip()
 
 
 def _judge_timed_outputs(row: dict, settings: dict) -> None:

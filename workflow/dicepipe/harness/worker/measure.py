@@ -24,6 +24,7 @@ import torch
 
 from ..stats import run_repeats
 from . import correctness as C
+from . import memory_plans as M
 from .loader import CallCounter
 from .timing import Clock, measure_graphs, measure_interleaved, measure_kernelbench_style
 
@@ -153,17 +154,25 @@ class _CountedCalls:
 
     The reference is timed through the same wrapper (with a counter of its own): the extra
     Python call costs the same on both sides then, not a bias against the candidate (timed
-    alone on the candidate it made unchanged programs read ~0.7% slower on CPU).
+    alone on the candidate it made unchanged programs read ~0.7% slower on CPU). An
+    out-of-memory error in the call is re-raised as `who`'s (memory_plans.py), so the job
+    tells the candidate's own call running out from the timing phase's copies running out.
     """
 
-    def __init__(self, model, counter):
-        self.model, self.counter = model, counter
+    def __init__(self, model, counter, who: str):
+        self.model, self.counter, self.who = model, counter, who
         self.calls = 0
         self.without_extension = 0
 
     def __call__(self, *args):
         before = self.counter.calls
-        out = self.model(*args)
+        try:  # (no cost on the timed path unless it raises)
+            out = self.model(*args)
+        except Exception as exc:
+            if not M.is_out_of_memory(exc):
+                raise
+            kind = M.CandidateOutOfMemory if self.who == "candidate" else M.ReferenceOutOfMemory
+            raise kind(f"{self.who} (timed call): {str(exc).strip()[:500]}") from None
         self.calls += 1
         if self.counter.calls == before:
             self.without_extension += 1
@@ -185,8 +194,8 @@ def run_timing(get_inputs, ref_model, cand_model, seed: int, settings: dict, dev
     sample = C.draw_inputs(get_inputs, seed + 90_000, device)
     n_sets = num_input_sets(C.input_bytes(sample), _free_bytes(device, settings))
     del sample
-    cand = _CountedCalls(cand_model, counter)
-    ref = _CountedCalls(ref_model, CallCounter())
+    cand = _CountedCalls(cand_model, counter, "candidate")
+    ref = _CountedCalls(ref_model, CallCounter(), "reference")
     mode = {"value": "eager"}
     checks: list[OutputCheck] = []
 
