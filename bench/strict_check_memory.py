@@ -80,8 +80,8 @@ def _bytes(obj) -> int:
 def task_size(code: str) -> dict:
     """Input, output and parameter bytes of a task, on the meta device (nothing allocated).
     The output is None where an operator has no meta implementation."""
-    module = program(code, "sizing")
-    with torch.device("meta"):
+    with torch.device("meta"):  # module-level tensors too
+        module = program(code, "sizing")
         torch.manual_seed(42)
         inputs = module.get_inputs()
         out = {"input_bytes": _bytes(inputs), "output_bytes": None, "param_bytes": None}
