@@ -253,6 +253,9 @@ def kernelbench_side(task: dict, args) -> dict:
                                      args.device)
         except torch.OutOfMemoryError as exc:
             return {"correct": False, "passed": None, "error": "out of memory: " + str(exc)[:200]}
+        except Exception as exc:  # noqa: BLE001 - recorded; the other tasks still run
+            return {"correct": False, "passed": None,
+                    "error": f"{type(exc).__name__}: {str(exc)[:300]}"}
 
     result, peak, seconds = measured(args.device, run)
     return dict(result, peak_bytes=peak, wall_s=seconds)
@@ -362,7 +365,11 @@ def main(argv=None) -> int:
         task["call_peak_bytes"] = row["call_peak_bytes"] = call_peak_bytes(task, args.device)
         row["bound_bytes"] = bound_bytes(task)
         log(f"{task['task_id']}: ours")
-        row["ours"] = our_job(task, settings, args.device)
+        try:
+            row["ours"] = our_job(task, settings, args.device)
+        except Exception as exc:  # noqa: BLE001 - recorded; the other tasks still run
+            row["ours"] = {"correct": False, "memory_plan": "-", "job_peak_bytes": None,
+                           "error": f"{type(exc).__name__}: {str(exc)[:300]}"}
         log(f"{task['task_id']}: ours peak {gib(row['ours']['job_peak_bytes'])} GiB "
             f"({row['ours']['memory_plan']}), correct {row['ours']['correct']}; KernelBench's")
         row["kernelbench"] = kernelbench_side(task, args)
