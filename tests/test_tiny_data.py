@@ -87,3 +87,28 @@ def test_the_rule_catches_a_benchmark_task_and_a_solution_in_any_wording():
     assert leaks([reworded])
     solution = next(SOLUTIONS.rglob("*.py")).read_text()
     assert leaks([f"Answer:\n\n```python\n{solution}```\n"])
+
+
+def test_the_shipped_base_was_pretrained_on_data_the_generator_makes_and_that_holds_no_task():
+    """Each run of data/base/tiny/PRETRAINED.json that today's generator can make again (its
+    recipe gives the recorded data digest) is checked whole by the held-out rule; the last run,
+    the one whose weights ship, must be one of them. Runs of an earlier generator say so in
+    their note."""
+    import json
+
+    from dicepipe.stages.pretrain_base import data_digest
+
+    stages = json.loads((REPO / "data/base/tiny/PRETRAINED.json").read_text())["stages"]
+    corpus_refs = {task_fingerprint(c.reference()) for c in corpus_chains(RECIPE["corpus_count"],
+                                                                         RECIPE["corpus_seed"])}
+    checked = []
+    for i, stage in enumerate(stages):
+        pairs = pretraining_pairs(dict(RECIPE, **stage["recipe"]))
+        if data_digest(pairs) != stage["data_sha256"]:
+            assert "earlier" in stage.get("note", ""), f"run {i + 1} is neither regenerable nor noted"
+            continue
+        refs = {task_fingerprint(programs_in(p)[0 if "A solution file" in p else -1]) for p, _ in pairs}
+        assert not refs & corpus_refs, f"run {i + 1} pretrained on a corpus chain"
+        assert not leaks(text for pair in pairs for text in pair), f"run {i + 1} holds a benchmark task"
+        checked.append(i)
+    assert checked and checked[-1] == len(stages) - 1
