@@ -21,7 +21,7 @@ sys.path.insert(0, str(REPO / "workflow"))
 def body_lines(code: str) -> list[str]:
     lines = code.splitlines()
     try:
-        start = next(i for i, line in enumerate(lines) if "float x = px[i];" in line) + 1
+        start = next(i for i, line in enumerate(lines) if line.strip() in ("float v = px[i];", "float x = px[i];")) + 1
         end = next(i for i, line in enumerate(lines) if "po[i] = " in line)
     except StopIteration:
         return []

@@ -125,7 +125,7 @@ def _wrong_constant(kernel: str) -> str:
     """The kernel with its first C++ constant changed: it builds and computes the wrong thing."""
     import re
 
-    match = re.search(r"(float x\d+ = x\d* \* )(-?[0-9.]+)f", kernel)
+    match = re.search(r"((?:v = v|float x\d+ = x\d*) \* )(-?[0-9.]+)f", kernel)
     assert match, "the chain kernels changed shape: update tests/golden_tiny.py"
     return kernel[:match.start(2)] + ("7.0" if match.group(2) != "7.0" else "5.0") + kernel[match.end(2):]
 

@@ -52,11 +52,16 @@ class Step:
     op: str
     constants: tuple[tuple[str, str], ...] = ()  # (name, value) in the templates' names
 
-    def line(self, index: int, which: int) -> str:
+    def line(self, index: int, which: int, named: bool) -> str:
         """Step `index` (1-based) of a chain as its reference line (which=0) or kernel line
-        (which=1): it reads x{index-1} (x for the first step) and writes x{index}."""
-        names = {"i": f"x{index - 1}" if index > 1 else "x", "o": f"x{index}"}
-        return STEPS[self.op][which].format(**dict(self.constants), **names)
+        (which=1). Named: it reads x{index-1} (x for the first step) and writes x{index}, and
+        the kernel declares it (`float x2 = ...`); in place: `x = ...` in the reference,
+        `v = ...` in the kernel."""
+        if named:
+            names = {"i": f"x{index - 1}" if index > 1 else "x", "o": f"x{index}"}
+            return STEPS[self.op][which].format(**dict(self.constants), **names)
+        var = "v" if which else "x"
+        return STEPS[self.op][which].removeprefix("float ").format(**dict(self.constants), i=var, o=var)
 
 
 @dataclass(frozen=True)
@@ -78,8 +83,8 @@ class Chain:
     def level(self) -> int:
         return 1 if len(self.steps) == 1 else 2
 
-    def reference(self) -> str:
-        body = "".join(f"        {s.line(k, 0)}\n" for k, s in enumerate(self.steps, 1))
+    def reference(self, named: bool = False) -> str:
+        body = "".join(f"        {s.line(k, 0, named)}\n" for k, s in enumerate(self.steps, 1))
         rows, cols = self.shape
         return (
             "import torch\nimport torch.nn as nn\n\n\n"
@@ -88,35 +93,36 @@ class Chain:
             "        super().__init__()\n\n"
             "    def forward(self, x):\n"
             f"{body}"
-            f"        return x{len(self.steps)}\n\n\n"
+            f"        return x{len(self.steps) if named else ''}\n\n\n"
             "def get_inputs():\n"
             f"    return [torch.randn({rows}, {cols})]\n\n\n"
             "def get_init_inputs():\n"
             "    return []\n"
         )
 
-    def kernel(self) -> str:
-        # each C++ line under the reference line it computes, as a comment, with the
-        # reference's names: the model finds step k by its name xk (a one-hop copy), then
-        # translates the line right above
-        body = "".join(f"        // {s.line(k, 0)}\n        {s.line(k, 1)}\n"
+    def kernel(self, named: bool = False) -> str:
+        # each C++ line under the reference line it computes, as a comment: the model copies
+        # the reference's step, then translates the line right above (named: with the
+        # reference's names, so step k is found by its name xk, a one-hop copy)
+        body = "".join(f"        // {s.line(k, 0, named)}\n        {s.line(k, 1, named)}\n"
                        for k, s in enumerate(self.steps, 1))
+        arg, var, last = ("input", "x", f"x{len(self.steps)}") if named else ("x", "v", "v")
         return (
             "import torch\nimport torch.nn as nn\n"
             "from torch.utils.cpp_extension import load_inline\n\n"
             'chain_source = r"""\n'
             "#include <torch/extension.h>\n\n"
-            "torch::Tensor chain_cpu(torch::Tensor input) {\n"
-            "    input = input.contiguous();\n"
-            "    auto out = torch::empty_like(input);\n"
-            "    const float* px = input.data_ptr<float>();\n"
+            f"torch::Tensor chain_cpu(torch::Tensor {arg}) {{\n"
+            f"    {arg} = {arg}.contiguous();\n"
+            f"    auto out = torch::empty_like({arg});\n"
+            f"    const float* px = {arg}.data_ptr<float>();\n"
             "    float* po = out.data_ptr<float>();\n"
-            "    int64_t n = input.numel();\n"
+            f"    int64_t n = {arg}.numel();\n"
             "    #pragma omp parallel for\n"
             "    for (int64_t i = 0; i < n; ++i) {\n"
-            "        float x = px[i];\n"
+            f"        float {var} = px[i];\n"
             f"{body}"
-            f"        po[i] = x{len(self.steps)};\n"
+            f"        po[i] = {last};\n"
             "    }\n"
             "    return out;\n"
             "}\n"

@@ -5,24 +5,24 @@ from torch.utils.cpp_extension import load_inline
 chain_source = r"""
 #include <torch/extension.h>
 
-torch::Tensor chain_cpu(torch::Tensor input) {
-    input = input.contiguous();
-    auto out = torch::empty_like(input);
-    const float* px = input.data_ptr<float>();
+torch::Tensor chain_cpu(torch::Tensor x) {
+    x = x.contiguous();
+    auto out = torch::empty_like(x);
+    const float* px = x.data_ptr<float>();
     float* po = out.data_ptr<float>();
-    int64_t n = input.numel();
+    int64_t n = x.numel();
     #pragma omp parallel for
     for (int64_t i = 0; i < n; ++i) {
-        float x = px[i];
-        // x1 = torch.abs(x)
-        float x1 = std::abs(x);
-        // x2 = torch.nn.functional.leaky_relu(x1, 0.05)
-        float x2 = std::max(x1, x1 * 0.05f);
-        // x3 = x2 * 0.25
-        float x3 = x2 * 0.25f;
-        // x4 = x3 * -2.0 + 0.1
-        float x4 = x3 * -2.0f + 0.1f;
-        po[i] = x4;
+        float v = px[i];
+        // x = torch.abs(x)
+        v = std::abs(v);
+        // x = torch.nn.functional.leaky_relu(x, 0.05)
+        v = std::max(v, v * 0.05f);
+        // x = x * 0.25
+        v = v * 0.25f;
+        // x = x * -2.0 + 0.1
+        v = v * -2.0f + 0.1f;
+        po[i] = v;
     }
     return out;
 }

@@ -5,24 +5,24 @@ from torch.utils.cpp_extension import load_inline
 chain_source = r"""
 #include <torch/extension.h>
 
-torch::Tensor chain_cpu(torch::Tensor input) {
-    input = input.contiguous();
-    auto out = torch::empty_like(input);
-    const float* px = input.data_ptr<float>();
+torch::Tensor chain_cpu(torch::Tensor x) {
+    x = x.contiguous();
+    auto out = torch::empty_like(x);
+    const float* px = x.data_ptr<float>();
     float* po = out.data_ptr<float>();
-    int64_t n = input.numel();
+    int64_t n = x.numel();
     #pragma omp parallel for
     for (int64_t i = 0; i < n; ++i) {
-        float x = px[i];
-        // x1 = x * 0.25 + 0.1
-        float x1 = x * 0.25f + 0.1f;
-        // x2 = torch.relu(x1)
-        float x2 = std::max(x1, 0.0f);
-        // x3 = torch.nn.functional.leaky_relu(x2, 0.1)
-        float x3 = std::max(x2, x2 * 0.1f);
-        // x4 = x3 - 0.5
-        float x4 = x3 - 0.5f;
-        po[i] = x4;
+        float v = px[i];
+        // x = x * 0.25 + 0.1
+        v = v * 0.25f + 0.1f;
+        // x = torch.relu(x)
+        v = std::max(v, 0.0f);
+        // x = torch.nn.functional.leaky_relu(x, 0.1)
+        v = std::max(v, v * 0.1f);
+        // x = x - 0.5
+        v = v - 0.5f;
+        po[i] = v;
     }
     return out;
 }

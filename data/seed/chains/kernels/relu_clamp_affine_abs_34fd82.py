@@ -5,24 +5,24 @@ from torch.utils.cpp_extension import load_inline
 chain_source = r"""
 #include <torch/extension.h>
 
-torch::Tensor chain_cpu(torch::Tensor input) {
-    input = input.contiguous();
-    auto out = torch::empty_like(input);
-    const float* px = input.data_ptr<float>();
+torch::Tensor chain_cpu(torch::Tensor x) {
+    x = x.contiguous();
+    auto out = torch::empty_like(x);
+    const float* px = x.data_ptr<float>();
     float* po = out.data_ptr<float>();
-    int64_t n = input.numel();
+    int64_t n = x.numel();
     #pragma omp parallel for
     for (int64_t i = 0; i < n; ++i) {
-        float x = px[i];
-        // x1 = torch.relu(x)
-        float x1 = std::max(x, 0.0f);
-        // x2 = torch.clamp(x1, -3.0, 3.0)
-        float x2 = std::min(std::max(x1, -3.0f), 3.0f);
-        // x3 = x2 * 0.5 - 2.0
-        float x3 = x2 * 0.5f - 2.0f;
-        // x4 = torch.abs(x3)
-        float x4 = std::abs(x3);
-        po[i] = x4;
+        float v = px[i];
+        // x = torch.relu(x)
+        v = std::max(v, 0.0f);
+        // x = torch.clamp(x, -3.0, 3.0)
+        v = std::min(std::max(v, -3.0f), 3.0f);
+        // x = x * 0.5 - 2.0
+        v = v * 0.5f - 2.0f;
+        // x = torch.abs(x)
+        v = std::abs(v);
+        po[i] = v;
     }
     return out;
 }

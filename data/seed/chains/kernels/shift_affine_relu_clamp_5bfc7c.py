@@ -5,24 +5,24 @@ from torch.utils.cpp_extension import load_inline
 chain_source = r"""
 #include <torch/extension.h>
 
-torch::Tensor chain_cpu(torch::Tensor input) {
-    input = input.contiguous();
-    auto out = torch::empty_like(input);
-    const float* px = input.data_ptr<float>();
+torch::Tensor chain_cpu(torch::Tensor x) {
+    x = x.contiguous();
+    auto out = torch::empty_like(x);
+    const float* px = x.data_ptr<float>();
     float* po = out.data_ptr<float>();
-    int64_t n = input.numel();
+    int64_t n = x.numel();
     #pragma omp parallel for
     for (int64_t i = 0; i < n; ++i) {
-        float x = px[i];
-        // x1 = x + 2.0
-        float x1 = x + 2.0f;
-        // x2 = x1 * -2.0 + 2.0
-        float x2 = x1 * -2.0f + 2.0f;
-        // x3 = torch.relu(x2)
-        float x3 = std::max(x2, 0.0f);
-        // x4 = torch.clamp(x3, -0.5, 3.0)
-        float x4 = std::min(std::max(x3, -0.5f), 3.0f);
-        po[i] = x4;
+        float v = px[i];
+        // x = x + 2.0
+        v = v + 2.0f;
+        // x = x * -2.0 + 2.0
+        v = v * -2.0f + 2.0f;
+        // x = torch.relu(x)
+        v = std::max(v, 0.0f);
+        // x = torch.clamp(x, -0.5, 3.0)
+        v = std::min(std::max(v, -0.5f), 3.0f);
+        po[i] = v;
     }
     return out;
 }

@@ -7,11 +7,11 @@ class Model(nn.Module):
         super().__init__()
 
     def forward(self, x):
-        x1 = torch.abs(x)
-        x2 = x1 * 0.5 - 0.5
-        x3 = x2 * -2.0
-        x4 = x3 * -2.0 - 2.0
-        return x4
+        x = torch.abs(x)
+        x = x * 0.5 - 0.5
+        x = x * -2.0
+        x = x * -2.0 - 2.0
+        return x
 
 
 def get_inputs():

@@ -7,11 +7,11 @@ class Model(nn.Module):
         super().__init__()
 
     def forward(self, x):
-        x1 = torch.abs(x)
-        x2 = torch.nn.functional.leaky_relu(x1, 0.05)
-        x3 = x2 * 0.25
-        x4 = x3 * -2.0 + 0.1
-        return x4
+        x = torch.abs(x)
+        x = torch.nn.functional.leaky_relu(x, 0.05)
+        x = x * 0.25
+        x = x * -2.0 + 0.1
+        return x
 
 
 def get_inputs():

@@ -7,11 +7,11 @@ class Model(nn.Module):
         super().__init__()
 
     def forward(self, x):
-        x1 = torch.abs(x)
-        x2 = x1 * 0.25
-        x3 = x2 * x2
-        x4 = x3 * 3.0 + 0.5
-        return x4
+        x = torch.abs(x)
+        x = x * 0.25
+        x = x * x
+        x = x * 3.0 + 0.5
+        return x
 
 
 def get_inputs():

@@ -7,11 +7,11 @@ class Model(nn.Module):
         super().__init__()
 
     def forward(self, x):
-        x1 = x * -2.0 - 0.1
-        x2 = torch.abs(x1)
-        x3 = x2 * 3.0 + 0.5
-        x4 = torch.abs(x3)
-        return x4
+        x = x * -2.0 - 0.1
+        x = torch.abs(x)
+        x = x * 3.0 + 0.5
+        x = torch.abs(x)
+        return x
 
 
 def get_inputs():

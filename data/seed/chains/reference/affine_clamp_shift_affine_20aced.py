@@ -7,11 +7,11 @@ class Model(nn.Module):
         super().__init__()
 
     def forward(self, x):
-        x1 = x * 0.25 - 2.0
-        x2 = torch.clamp(x1, 0.0, 1.0)
-        x3 = x2 - 1.0
-        x4 = x3 * 0.5 - 0.5
-        return x4
+        x = x * 0.25 - 2.0
+        x = torch.clamp(x, 0.0, 1.0)
+        x = x - 1.0
+        x = x * 0.5 - 0.5
+        return x
 
 
 def get_inputs():

@@ -7,11 +7,11 @@ class Model(nn.Module):
         super().__init__()
 
     def forward(self, x):
-        x1 = x * 0.25 + 0.1
-        x2 = torch.relu(x1)
-        x3 = torch.nn.functional.leaky_relu(x2, 0.1)
-        x4 = x3 - 0.5
-        return x4
+        x = x * 0.25 + 0.1
+        x = torch.relu(x)
+        x = torch.nn.functional.leaky_relu(x, 0.1)
+        x = x - 0.5
+        return x
 
 
 def get_inputs():

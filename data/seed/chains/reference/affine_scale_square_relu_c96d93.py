@@ -7,11 +7,11 @@ class Model(nn.Module):
         super().__init__()
 
     def forward(self, x):
-        x1 = x * 2.0 - 0.5
-        x2 = x1 * -0.5
-        x3 = x2 * x2
-        x4 = torch.relu(x3)
-        return x4
+        x = x * 2.0 - 0.5
+        x = x * -0.5
+        x = x * x
+        x = torch.relu(x)
+        return x
 
 
 def get_inputs():

@@ -7,11 +7,11 @@ class Model(nn.Module):
         super().__init__()
 
     def forward(self, x):
-        x1 = x * 0.5 + 2.0
-        x2 = x1 + 2.0
-        x3 = x2 * -0.5 - 0.5
-        x4 = torch.nn.functional.leaky_relu(x3, 0.01)
-        return x4
+        x = x * 0.5 + 2.0
+        x = x + 2.0
+        x = x * -0.5 - 0.5
+        x = torch.nn.functional.leaky_relu(x, 0.01)
+        return x
 
 
 def get_inputs():

@@ -7,11 +7,11 @@ class Model(nn.Module):
         super().__init__()
 
     def forward(self, x):
-        x1 = x * -0.5 - 0.1
-        x2 = x1 * x1
-        x3 = x2 * -2.0
-        x4 = x3 - 1.0
-        return x4
+        x = x * -0.5 - 0.1
+        x = x * x
+        x = x * -2.0
+        x = x - 1.0
+        return x
 
 
 def get_inputs():

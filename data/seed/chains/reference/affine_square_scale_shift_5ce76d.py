@@ -7,11 +7,11 @@ class Model(nn.Module):
         super().__init__()
 
     def forward(self, x):
-        x1 = x * -2.0 - 2.0
-        x2 = x1 * x1
-        x3 = x2 * -0.5
-        x4 = x3 + 0.5
-        return x4
+        x = x * -2.0 - 2.0
+        x = x * x
+        x = x * -0.5
+        x = x + 0.5
+        return x
 
 
 def get_inputs():

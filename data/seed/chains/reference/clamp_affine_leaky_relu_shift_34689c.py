@@ -7,11 +7,11 @@ class Model(nn.Module):
         super().__init__()
 
     def forward(self, x):
-        x1 = torch.clamp(x, -0.5, 2.0)
-        x2 = x1 * 0.75 - 0.5
-        x3 = torch.nn.functional.leaky_relu(x2, 0.05)
-        x4 = x3 + 1.0
-        return x4
+        x = torch.clamp(x, -0.5, 2.0)
+        x = x * 0.75 - 0.5
+        x = torch.nn.functional.leaky_relu(x, 0.05)
+        x = x + 1.0
+        return x
 
 
 def get_inputs():

@@ -7,11 +7,11 @@ class Model(nn.Module):
         super().__init__()
 
     def forward(self, x):
-        x1 = torch.clamp(x, -0.5, 2.0)
-        x2 = x1 * 1.5 - 2.0
-        x3 = x2 * 3.0
-        x4 = torch.clamp(x3, 0.0, 1.0)
-        return x4
+        x = torch.clamp(x, -0.5, 2.0)
+        x = x * 1.5 - 2.0
+        x = x * 3.0
+        x = torch.clamp(x, 0.0, 1.0)
+        return x
 
 
 def get_inputs():

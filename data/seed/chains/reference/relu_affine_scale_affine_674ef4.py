@@ -7,11 +7,11 @@ class Model(nn.Module):
         super().__init__()
 
     def forward(self, x):
-        x1 = torch.relu(x)
-        x2 = x1 * 0.75 + 2.0
-        x3 = x2 * 0.5
-        x4 = x3 * 2.0 + 2.0
-        return x4
+        x = torch.relu(x)
+        x = x * 0.75 + 2.0
+        x = x * 0.5
+        x = x * 2.0 + 2.0
+        return x
 
 
 def get_inputs():

@@ -7,11 +7,11 @@ class Model(nn.Module):
         super().__init__()
 
     def forward(self, x):
-        x1 = torch.relu(x)
-        x2 = torch.clamp(x1, -3.0, 3.0)
-        x3 = x2 * 0.5 - 2.0
-        x4 = torch.abs(x3)
-        return x4
+        x = torch.relu(x)
+        x = torch.clamp(x, -3.0, 3.0)
+        x = x * 0.5 - 2.0
+        x = torch.abs(x)
+        return x
 
 
 def get_inputs():

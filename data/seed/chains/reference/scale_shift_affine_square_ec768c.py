@@ -7,11 +7,11 @@ class Model(nn.Module):
         super().__init__()
 
     def forward(self, x):
-        x1 = x * 1.5
-        x2 = x1 - 2.0
-        x3 = x2 * 1.5 - 2.0
-        x4 = x3 * x3
-        return x4
+        x = x * 1.5
+        x = x - 2.0
+        x = x * 1.5 - 2.0
+        x = x * x
+        return x
 
 
 def get_inputs():

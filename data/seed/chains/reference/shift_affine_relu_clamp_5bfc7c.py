@@ -7,11 +7,11 @@ class Model(nn.Module):
         super().__init__()
 
     def forward(self, x):
-        x1 = x + 2.0
-        x2 = x1 * -2.0 + 2.0
-        x3 = torch.relu(x2)
-        x4 = torch.clamp(x3, -0.5, 3.0)
-        return x4
+        x = x + 2.0
+        x = x * -2.0 + 2.0
+        x = torch.relu(x)
+        x = torch.clamp(x, -0.5, 3.0)
+        return x
 
 
 def get_inputs():

@@ -7,11 +7,11 @@ class Model(nn.Module):
         super().__init__()
 
     def forward(self, x):
-        x1 = x - 0.5
-        x2 = torch.nn.functional.leaky_relu(x1, 0.2)
-        x3 = x2 * 0.5 + 0.1
-        x4 = torch.relu(x3)
-        return x4
+        x = x - 0.5
+        x = torch.nn.functional.leaky_relu(x, 0.2)
+        x = x * 0.5 + 0.1
+        x = torch.relu(x)
+        return x
 
 
 def get_inputs():

@@ -7,11 +7,11 @@ class Model(nn.Module):
         super().__init__()
 
     def forward(self, x):
-        x1 = x * x
-        x2 = x1 * -0.5 - 2.0
-        x3 = torch.abs(x2)
-        x4 = torch.relu(x3)
-        return x4
+        x = x * x
+        x = x * -0.5 - 2.0
+        x = torch.abs(x)
+        x = torch.relu(x)
+        return x
 
 
 def get_inputs():
