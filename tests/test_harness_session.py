@@ -231,12 +231,15 @@ def test_a_leaking_job_does_not_change_the_next_row(build_cache_dir):
 
 
 def test_leak_test_can_fail(build_cache_dir, monkeypatch):
-    """Without hygiene, the honest job after the leak fails: the test above means something."""
+    """Without hygiene, the honest job after the leak is harmed: the test above means something.
+    The checks' memory plans now keep it correct in what memory is left, so the harm shows as
+    its timing skipped for want of room (no speedup), or as a failure."""
     cfg = settings(build_cache_dir, memory_limit_mb=3072)
     monkeypatch.setattr(hygiene, "leak_limits_mb", lambda *a: {})  # never replace a worker
     rows = by_id(evaluate([job("leak", BIG_RELU_REF, LEAKY),
                            job("honest", BIG_RELU_REF, GOOD)], cfg, progress=False))
-    assert not rows["honest"]["correct"]
+    honest = rows["honest"]
+    assert not honest["correct"] or "timing and the post-timing check skipped" in (honest["error"] or ""), honest
 
 
 GPU_LEAKY = python_candidate(textwrap.dedent("""
