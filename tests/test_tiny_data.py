@@ -33,6 +33,10 @@ def benchmark_solutions() -> set[str]:
     return {normalise_code(p.read_text()) for p in SOLUTIONS.rglob("*.py")}
 
 
+def corpus_fingerprints() -> set[str]:
+    return {task_fingerprint(c.reference()) for c in corpus_chains(RECIPE["corpus_count"], RECIPE["corpus_seed"])}
+
+
 def programs_in(text: str) -> list[str]:
     """Every fenced program of a prompt or response."""
     return FENCED.findall(text or "")
@@ -65,8 +69,7 @@ def test_shipped_corpus_is_what_the_generator_writes(tmp_path):
 def test_pretraining_data_holds_no_corpus_chain_and_no_benchmark_task():
     recipe = dict(RECIPE, chains=300)
     pairs = pretraining_pairs(recipe)
-    corpus_refs = {task_fingerprint(c.reference()) for c in corpus_chains(RECIPE["corpus_count"],
-                                                                         RECIPE["corpus_seed"])}
+    corpus_refs = corpus_fingerprints()
     seen = set()
     for prompt, response in pairs:
         target = programs_in(prompt)[0 if "A solution file" in prompt else -1]
@@ -99,8 +102,7 @@ def test_the_shipped_base_was_pretrained_on_data_the_generator_makes_and_that_ho
     from dicepipe.stages.pretrain_base import data_digest
 
     stages = json.loads((REPO / "data/base/tiny/PRETRAINED.json").read_text())["stages"]
-    corpus_refs = {task_fingerprint(c.reference()) for c in corpus_chains(RECIPE["corpus_count"],
-                                                                         RECIPE["corpus_seed"])}
+    corpus_refs = corpus_fingerprints()
     checked = []
     for i, stage in enumerate(stages):
         pairs = pretraining_pairs(dict(RECIPE, **stage["recipe"]))

@@ -98,11 +98,11 @@ def pretraining_pairs(recipe: dict) -> list[tuple[str, str]]:
 
     exclude = {chain_key(c) for c in corpus_chains(recipe["corpus_count"], recipe["corpus_seed"])}
     chains = pretraining_chains(recipe["chains"], recipe["chain_seed"], exclude,
-                                recipe.get("max_chain_steps", 4))
+                                recipe["max_chain_steps"])
     rng = random.Random(f"chains-forms:{recipe['chain_seed']}")
     pairs = []
     for chain in chains:
-        named = recipe.get("named_steps", False)
+        named = recipe["named_steps"]
         reference, kernel = chain.reference(named), chain.kernel(named)
         if rng.random() < recipe["infill_share"]:
             prefix, _, suffix = split_for_infilling(kernel)
