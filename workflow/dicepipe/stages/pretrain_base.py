@@ -6,7 +6,7 @@ tiny scale starts from this: a small Qwen3-shaped block-diffusion model (params.
 same block-diffusion objective and loop as SFT (train/sft.py) on generated elementwise
 chains (data/chains.py) in both of the project's prompt forms, end-to-end and infilling. The
 pretraining chains never include a corpus chain (`--corpus` is read and excluded by its
-steps and constants), and none is a benchmark task (tests/test_tiny_learning.py checks both).
+steps and constants), and none is a benchmark task (tests/test_tiny_data.py checks both).
 
     dicepipe pretrain-base --out data/base/tiny
 
@@ -14,7 +14,8 @@ writes a checkpoint folder (`save_model`: weights, tokenizer, chat template,
 block_diffusion.json) and PRETRAINED.json (per run: the command, the recipe, the data's
 digest, the losses, the device), deterministic for the same arguments on the same torch
 build. `--init FOLDER` continues from another base's weights and tokenizer, and its record
-lists that base's runs first (the shipped base is three runs: data/base/tiny/PRETRAINED.json). `--write-corpus DIR`
+lists that base's runs first (the shipped base is two GPU runs, the second from the first's
+weights: data/base/tiny/PRETRAINED.json). `--write-corpus DIR`
 writes the shipped corpus (reference/ and kernels/ of `corpus_chains`) instead.
 """
 
