@@ -36,6 +36,7 @@ STAGES: dict[str, tuple[str, str]] = {
     "pretrain-base": ("pretrain_base", "make the tiny scale's base model, or its corpus (not a pipeline stage)"),
     "score": ("score", "score anyone's kernels: a folder or parquet of (reference, candidate)"),
     "cache": ("cache", "check the build cache and resume stores against their hashes; prune"),
+    "wheelhouse": ("wheelhouse", "fetch the wheels an offline machine lacks, for its Python and platform (its torch stays)"),
 }
 
 log = logging.getLogger("dicepipe")
