@@ -169,9 +169,9 @@ def test_stage_rewards_real_kernels_and_updates_on_them(repo_root, params, tmp_p
     save_model(tmp_path / "in", build_tiny(spec, tokenizer))
     local = yaml.safe_load((repo_root / "params.yaml").read_text())
     local["harness"]["run"]["cache_dir"] = str(build_cache_dir)
-    local["rl"]["overrides"]["tiny"].update(max_new_tokens=1024, steps=2, eval_every_steps=1,
-                                            traces_per_update=2, micro_batch_traces=2,
-                                            learning_rate=1e-3)
+    local["rl"]["overrides"]["tiny"].update(tasks_per_step=2, max_new_tokens=1024, steps=2,
+                                            eval_every_steps=1, traces_per_update=2,
+                                            micro_batch_traces=2, learning_rate=1e-3)
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(local, sort_keys=False))
 
     author = ScriptedAuthor({refs["relu"]: (relu_kernel(), [RIGHT, WRONG_VALUES, NO_CODE, NO_CODE]),
