@@ -59,10 +59,10 @@ def leaks(texts, fingerprints: set | None = None) -> list[str]:
     found = []
     for text in texts:
         for program in programs_in(text) or [text]:
-            print_ = fingerprint(program)
-            if fingerprints is not None and print_ is not None:
-                fingerprints.add(print_)
-            if print_ in tasks or normalise_code(program) in solutions:
+            found_print = fingerprint(program)
+            if fingerprints is not None and found_print is not None:
+                fingerprints.add(found_print)
+            if found_print in tasks or normalise_code(program) in solutions:
                 found.append(program[:200])
     return found
 

@@ -90,3 +90,13 @@ def test_a_target_that_has_everything_fetches_nothing(tmp_path, capsys, monkeypa
     assert main(["wheelhouse", "--out", str(tmp_path / "wheels"), "--have", str(have)]) == 0
     assert "nothing to fetch" in capsys.readouterr().out
     assert not (tmp_path / "wheels").exists()
+
+
+def test_the_manifest_lists_only_this_runs_wheels(tmp_path):
+    for name in ("dvc-3.67.1-py3-none-any.whl", "connection_pool-0.0.3-py3-none-any.whl",
+                 "old_pkg-1.0-py3-none-any.whl"):
+        (tmp_path / name).write_bytes(name.encode())
+    manifest = wh.write_manifest(tmp_path, [("connection-pool", "0.0.3"), ("dvc", "3.67.1")], {})
+    assert [w["file"] for w in manifest["wheels"]] == ["connection_pool-0.0.3-py3-none-any.whl",
+                                                       "dvc-3.67.1-py3-none-any.whl"]
+    assert (tmp_path / "requirements.txt").read_text() == "connection-pool==0.0.3\ndvc==3.67.1\n"

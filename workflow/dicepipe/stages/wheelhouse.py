@@ -213,7 +213,8 @@ def _sha256(path: Path) -> str:
 
 
 def write_manifest(out: Path, pins: list[tuple[str, str]], target: dict) -> dict:
-    wheels = sorted(out.glob("*.whl"))
+    names = {name for name, _ in pins}  # wheels of earlier runs left in the folder are not listed
+    wheels = sorted(w for w in out.glob("*.whl") if canonical(w.name.split("-", 1)[0]) in names)
     manifest = {
         "target": target,
         "requirements": [f"{name}=={version}" for name, version in pins],
