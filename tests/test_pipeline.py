@@ -206,33 +206,36 @@ def test_snakemake_runs_tiny_and_reruns_only_what_a_threshold_touches(snake_work
         assert snakemake_would_run(ws) == {"assemble", "sft", "rl_infill", "rl_e2e", "evaluate"}
 
 
-def learning_failures(ws: Path) -> list[str]:
-    """What the run's learning chain failed to show (empty: it learned). Each RL stage: at
-    least 3 updates on groups whose rewards differed, rollouts that compiled but were wrong
-    (near misses the harness judged), `val` on at least 6 held-out references, the selected
-    step's `val` reward at least the one before training, and an output whose weights are
-    not its input's (a learning rate of 0 still counts updates but changes nothing). The
-    SFT model's greedy `val` samples compile; the evaluated model writes code that compiles."""
+def learning_failures(ws: Path, scale: str = "tiny", min_val_tasks: int = 6) -> list[str]:
+    """What a scale's run failed to show of its learning chain (empty: it learned). Each RL
+    stage: at least 3 updates on groups whose rewards differed, rollouts that compiled but
+    were wrong (near misses the harness judged), `val` on at least `min_val_tasks` held-out
+    references, the selected step's `val` reward at least the one before training, and an
+    output whose weights are not its input's (a learning rate of 0 still counts updates but
+    changes nothing). The SFT model's greedy `val` samples compile; the evaluated model
+    writes code that compiles. (The debug scale's GPU test, tests/test_debug_scale.py, asks
+    the same of its run.)"""
     import csv
 
     failures = []
     for stage, source in (("rl_infill", "sft"), ("rl_e2e", "rl_infill")):
-        summary = json.loads((ws / f"metrics/{stage}/tiny/summary.json").read_text())
-        with open(ws / f"metrics/{stage}/tiny/steps.tsv") as f:
+        summary = json.loads((ws / f"metrics/{stage}/{scale}/summary.json").read_text())
+        with open(ws / f"metrics/{stage}/{scale}/steps.tsv") as f:
             steps = list(csv.DictReader(f, delimiter="\t"))
         if summary["updates_total"] < 3 or summary["groups_kept_total"] < 3:
             failures.append(f"{stage}: {summary['updates_total']} updates on {summary['groups_kept_total']} groups")
         if not any(float(row["compiled_wrong"]) > 0 for row in steps):
             failures.append(f"{stage}: no rollout compiled and was wrong")
-        if summary["val_tasks"] < 6 or summary["best_val_reward"] < summary["val_reward_before"]:
+        if summary["val_tasks"] < min_val_tasks or summary["best_val_reward"] < summary["val_reward_before"]:
             failures.append(f"{stage}: val {summary['val_reward_before']} -> {summary['best_val_reward']} "
                             f"on {summary['val_tasks']} tasks")
-        if digest(ws / f"models/{stage}/tiny/model.safetensors") == digest(ws / f"models/{source}/tiny/model.safetensors"):
+        if (digest(ws / f"models/{stage}/{scale}/model.safetensors")
+                == digest(ws / f"models/{source}/{scale}/model.safetensors")):
             failures.append(f"{stage}: the output's weights are its input's")
-    before = json.loads((ws / "metrics/rl_infill/tiny/val_samples.json").read_text())["before"]["samples"]
+    before = json.loads((ws / f"metrics/rl_infill/{scale}/val_samples.json").read_text())["before"]["samples"]
     if not any(sample["compiled"] for sample in before):
         failures.append("no greedy sample of the SFT model compiled")
-    with open(ws / "results/kernelbench_tiny/tasks.csv") as f:
+    with open(ws / f"results/kernelbench_{scale}/tasks.csv") as f:
         rows = [row for row in csv.DictReader(f) if row["system"] == "model"]
     if not any(row["has_code"] == "true" and row["compiled"] == "true" for row in rows):
         failures.append("the evaluated model compiled nothing")

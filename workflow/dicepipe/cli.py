@@ -34,6 +34,7 @@ STAGES: dict[str, tuple[str, str]] = {
     "curves": ("curves", "plot a scale's SFT and RL training curves"),
     "provenance": ("provenance", "record a scale's params, package versions and input pins"),
     "pretrain-base": ("pretrain_base", "make the tiny scale's base model, or its corpus (not a pipeline stage)"),
+    "export-sdar": ("export_sdar", "write a saved model as an SDAR-shaped checkpoint folder (not a pipeline stage)"),
     "score": ("score", "score anyone's kernels: a folder or parquet of (reference, candidate)"),
     "cache": ("cache", "check the build cache and resume stores against their hashes; prune"),
     "wheelhouse": ("wheelhouse", "fetch the wheels an offline machine lacks, for its Python and platform (its torch stays)"),

@@ -553,3 +553,10 @@ def _check_scale_bases(params: dict, source: str) -> None:
                 f"{source}: key 'scales.{scale}.base' is {base!r} but its model "
                 f"'models.{spec['model']}.path' is {model.get('path')!r}. Expected them to be the "
                 f"same folder (data/external/<name>, written by acquire@<name>).")
+
+
+def corpus_settings(section: dict, corpus: str) -> dict:
+    """A corpus-keyed section (augment, assemble) as it resolves for `corpus`: its keys, then
+    its `overrides.<corpus>` entry's."""
+    settings = {k: v for k, v in section.items() if k != "overrides"}
+    return {**settings, **(section.get("overrides") or {}).get(corpus, {})}

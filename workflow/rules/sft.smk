@@ -18,6 +18,7 @@ rule sft:
         tracked=tracked(
             "scales.{scale}.model",
             "scales.{scale}.gpus",
+            "scales.{scale}.launch",
             "models.{model}",
             "sft.defaults",
             "sft.overrides.{scale}",

@@ -45,6 +45,11 @@ SLOPES = ("0.01", "0.05", "0.1", "0.2")
 LOWS = ("-3.0", "-2.0", "-1.0", "-0.5", "0.0")
 HIGHS = ("0.5", "1.0", "2.0", "3.0")
 SHAPES = ((128, 1024), (256, 512), (256, 1024), (512, 512), (64, 2048), (128, 2048))
+# The CUDA corpus's shapes, one for each of SHAPES (same draws, 64x the elements): 32-64 MB
+# a tensor, so PyTorch eager's passes over memory, not its kernel launches, set its time
+# (a five-operator reference takes about 0.1-0.2 ms on an H100, at or above the harness's
+# launch-bound floor), while drawing the inputs on the host stays quick.
+CUDA_SHAPES = ((1024, 8192), (2048, 4096), (2048, 8192), (4096, 4096), (512, 16384), (1024, 16384))
 
 
 @dataclass(frozen=True)
@@ -100,13 +105,21 @@ class Chain:
             "    return []\n"
         )
 
-    def kernel(self, named: bool = False) -> str:
+    def kernel(self, named: bool = False, backend: str = "cpu") -> str:
+        """The fused kernel file: C++ with OpenMP on cpu, a CUDA kernel on cuda. Both have
+        the same loop body, line for line (the step lines are valid host and device code:
+        load_inline compiles CUDA with --expt-relaxed-constexpr, so std::max/min run on the
+        device), so what a model learned on one form carries to the other."""
         # each C++ line under the reference line it computes, as a comment: the model copies
         # the reference's step, then translates the line right above (named: with the
         # reference's names, so step k is found by its name xk, a one-hop copy)
         body = "".join(f"        // {s.line(k, 0, named)}\n        {s.line(k, 1, named)}\n"
                        for k, s in enumerate(self.steps, 1))
         arg, var, last = ("input", "x", f"x{len(self.steps)}") if named else ("x", "v", "v")
+        if backend == "cuda":
+            return _cuda_kernel(body, arg, var, last)
+        if backend != "cpu":
+            raise ValueError(f"no chain kernel form for backend {backend!r} (cpu or cuda)")
         return (
             "import torch\nimport torch.nn as nn\n"
             "from torch.utils.cpp_extension import load_inline\n\n"
@@ -136,6 +149,43 @@ class Chain:
             "    def forward(self, x):\n"
             "        return chain_ext.chain_cpu(x)\n"
         )
+
+
+def _cuda_kernel(body: str, arg: str, var: str, last: str) -> str:
+    """The CUDA form of a chain's kernel file, in the layout of the prompt's CUDA example
+    (data/prompts.py): one thread per element, the C++ form's loop body inside `if (i < n)`."""
+    return (
+        "import torch\nimport torch.nn as nn\n"
+        "from torch.utils.cpp_extension import load_inline\n\n"
+        'chain_source = r"""\n'
+        "#include <torch/extension.h>\n\n"
+        "__global__ void chain_kernel(const float* px, float* po, int64_t n) {\n"
+        "    int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;\n"
+        "    if (i < n) {\n"
+        f"        float {var} = px[i];\n"
+        f"{body}"
+        f"        po[i] = {last};\n"
+        "    }\n"
+        "}\n\n"
+        f"torch::Tensor chain_cuda(torch::Tensor {arg}) {{\n"
+        f"    {arg} = {arg}.contiguous();\n"
+        f"    auto out = torch::empty_like({arg});\n"
+        f"    int64_t n = {arg}.numel();\n"
+        "    int threads = 256;\n"
+        "    chain_kernel<<<(n + threads - 1) / threads, threads>>>(\n"
+        f"        {arg}.data_ptr<float>(), out.data_ptr<float>(), n);\n"
+        "    return out;\n"
+        "}\n"
+        '"""\n\n'
+        'chain_decl = "torch::Tensor chain_cuda(torch::Tensor x);"\n\n'
+        'chain_ext = load_inline(name="chain_ext", cpp_sources=chain_decl, cuda_sources=chain_source,\n'
+        '                        functions=["chain_cuda"], verbose=False)\n\n\n'
+        "class ModelNew(nn.Module):\n"
+        "    def __init__(self):\n"
+        "        super().__init__()\n\n"
+        "    def forward(self, x):\n"
+        "        return chain_ext.chain_cuda(x)\n"
+    )
 
 
 def draw_step(rng: random.Random, op: str) -> Step:
@@ -170,14 +220,18 @@ def chain_key(chain: Chain) -> tuple:
     return chain.steps
 
 
-def corpus_chains(count: int = 20, seed: int = 0, min_eager_ops: int = 5) -> list[Chain]:
-    """The shipped corpus: `count` distinct chains of 3-4 steps, each costing PyTorch eager at
-    least `min_eager_ops` operators (so its fused kernel clears assemble's threshold)."""
+def corpus_chains(count: int = 20, seed: int = 0, min_eager_ops: int = 5, backend: str = "cpu",
+                  exclude: frozenset | set = frozenset()) -> list[Chain]:
+    """A shipped corpus: `count` distinct chains of 3-4 steps, each costing PyTorch eager at
+    least `min_eager_ops` operators (so its fused kernel clears assemble's threshold), none
+    whose key is in `exclude`. On cuda, the same draws at CUDA_SHAPES."""
     rng = random.Random(f"chains-corpus:{seed}")
     chains: dict[tuple, Chain] = {}
     while len(chains) < count:
         chain = draw_chain(rng, 3, 4)
-        if chain.eager_ops >= min_eager_ops:
+        if chain.eager_ops >= min_eager_ops and chain_key(chain) not in exclude:
+            if backend == "cuda":
+                chain = Chain(chain.steps, CUDA_SHAPES[SHAPES.index(chain.shape)])
             chains.setdefault(chain_key(chain), chain)
     return sorted(chains.values(), key=lambda c: c.name)
 

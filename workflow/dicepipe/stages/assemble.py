@@ -13,6 +13,7 @@ import pyarrow as pa
 from ..data.assemble import assemble, kept_at_thresholds
 from ..data.schema import (RL_E2E_SCHEMA, RL_INFILL_SCHEMA, SAMPLE_SCHEMA, SFT_SCHEMA, VAL_SCHEMA,
                            read_parquet, read_table, write_table)
+from ..config import corpus_settings
 from ..errors import StageInputError
 from ..harness.verdict import is_correct, named_protocol
 
@@ -43,12 +44,6 @@ def _read_measurements(path: str) -> dict[str, dict]:
     return {row["job_id"]: row
             for row in table.select(list(MEASUREMENT_COLUMNS) + extra).to_pylist()}
 
-
-def corpus_settings(section: dict, corpus: str) -> dict:
-    """The assemble section as it resolves for `corpus`: its keys, then its
-    `overrides.<corpus>` entry's."""
-    settings = {k: v for k, v in section.items() if k != "overrides"}
-    return {**settings, **(section.get("overrides") or {}).get(corpus, {})}
 
 
 def run(args, params: dict) -> int:

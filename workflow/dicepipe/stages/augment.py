@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from ..config import corpus_spec
+from ..config import corpus_settings, corpus_spec
 from ..harness.verdict import named_protocol
 from ..data import extract
 from ..data.schema import SAMPLE_SCHEMA, write_table
@@ -68,7 +68,7 @@ def run(args, params: dict) -> int:
     from ..augment.loop import run_attempts
     from ..augment.records import ATTEMPT_SCHEMA, build_report
 
-    settings = params["augment"]
+    settings = corpus_settings(params["augment"], args.corpus)
     backend = corpus_spec(params, args.corpus)["backend"]
     out = Path(args.out)
     work_dir = Path(args.work_dir or f".cache/dicepipe/augment/{args.corpus}")

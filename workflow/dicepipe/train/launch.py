@@ -103,8 +103,8 @@ def add_training_arguments(parser, inputs: dict[str, str], out: str, metrics: st
 
 def relaunch_stage(args, params: dict) -> int | None:
     """`relaunch_under_torchrun` with the scale's training processes (params.yaml
-    scales.<scale>.gpus), forced by `--launch torchrun`."""
+    scales.<scale>.gpus), forced by `--launch torchrun` or the scale's `launch: torchrun`."""
     from ..cluster import training_processes
 
-    return relaunch_under_torchrun(args, training_processes(params, args.scale),
-                                   force=getattr(args, "launch", "auto") == "torchrun")
+    force = "torchrun" in (getattr(args, "launch", "auto"), params["scales"][args.scale].get("launch", "auto"))
+    return relaunch_under_torchrun(args, training_processes(params, args.scale), force=force)

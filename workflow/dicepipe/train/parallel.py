@@ -2,7 +2,10 @@
 model (torchtitan style): the model code knows nothing about how many GPUs there are.
 
 Launch several processes with `torchrun --nproc_per_node N -m dicepipe.cli sft ...` (or
-`accelerate launch`); a single plain process needs no process group.
+`accelerate launch`); a single plain process needs no process group. A process torchrun
+started is a rank even when it is the only one (`--launch torchrun`, params.yaml
+`scales.<s>.launch: torchrun`): it starts a process group of one and shards with FSDP, the
+real scales' path, at one GPU.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ class DistEnv:
     world_size: int
     local_rank: int
     device: torch.device
+    group: bool = False  # a process group is started (torchrun's ranks, one or several)
 
     @property
     def is_main(self) -> bool:
@@ -29,7 +33,8 @@ class DistEnv:
 
     @property
     def distributed(self) -> bool:
-        return self.world_size > 1
+        """Ranks of a process group, sharded with FSDP (even one rank under torchrun)."""
+        return self.group or self.world_size > 1
 
 
 def pick_device(preference: str) -> torch.device:
@@ -47,10 +52,11 @@ def init_distributed(device_preference: str = "auto") -> DistEnv:
     if device.type == "cuda":
         device = torch.device("cuda", local_rank)
         torch.cuda.set_device(device)
-    if world > 1 and not torch.distributed.is_initialized():
+    group = world > 1 or "TORCHELASTIC_RUN_ID" in os.environ
+    if group and not torch.distributed.is_initialized():
         backend = "nccl" if device.type == "cuda" else "gloo"
         torch.distributed.init_process_group(backend=backend, device_id=device if device.type == "cuda" else None)
-    return DistEnv(rank, world, local_rank, device)
+    return DistEnv(rank, world, local_rank, device, group)
 
 
 def parallelize(model, env: DistEnv, *, compile_layers: bool, activation_checkpointing: bool,

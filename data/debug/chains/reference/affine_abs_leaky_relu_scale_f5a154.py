@@ -1,0 +1,22 @@
+import torch
+import torch.nn as nn
+
+
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+
+    def forward(self, x):
+        x = x * -2.0 - 2.0
+        x = torch.abs(x)
+        x = torch.nn.functional.leaky_relu(x, 0.1)
+        x = x * 2.0
+        return x
+
+
+def get_inputs():
+    return [torch.randn(512, 16384)]
+
+
+def get_init_inputs():
+    return []

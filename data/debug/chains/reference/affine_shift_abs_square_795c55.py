@@ -1,0 +1,22 @@
+import torch
+import torch.nn as nn
+
+
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+
+    def forward(self, x):
+        x = x * 1.5 + 2.0
+        x = x + 0.1
+        x = torch.abs(x)
+        x = x * x
+        return x
+
+
+def get_inputs():
+    return [torch.randn(1024, 8192)]
+
+
+def get_init_inputs():
+    return []

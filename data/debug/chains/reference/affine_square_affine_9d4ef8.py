@@ -1,0 +1,21 @@
+import torch
+import torch.nn as nn
+
+
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+
+    def forward(self, x):
+        x = x * -2.0 + 2.0
+        x = x * x
+        x = x * 0.5 - 0.5
+        return x
+
+
+def get_inputs():
+    return [torch.randn(1024, 8192)]
+
+
+def get_init_inputs():
+    return []

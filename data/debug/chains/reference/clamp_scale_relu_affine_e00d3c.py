@@ -1,0 +1,22 @@
+import torch
+import torch.nn as nn
+
+
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+
+    def forward(self, x):
+        x = torch.clamp(x, 0.0, 0.5)
+        x = x * 3.0
+        x = torch.relu(x)
+        x = x * -2.0 - 2.0
+        return x
+
+
+def get_inputs():
+    return [torch.randn(4096, 4096)]
+
+
+def get_init_inputs():
+    return []
