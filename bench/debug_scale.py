@@ -59,7 +59,7 @@ class GpuSampler(threading.Thread):
             try:
                 out = subprocess.run(["nvidia-smi", "--query-gpu=utilization.gpu,memory.used",
                                       "--format=csv,noheader,nounits", "--id=0"],
-                                     capture_output=True, text=True, timeout=5).stdout.strip()
+                                     capture_output=True, text=True, timeout=5, check=False).stdout.strip()
                 util, mem = (float(x) for x in out.split(","))
                 self.samples.append((time.monotonic() - self.start_time, util, mem))
             except (OSError, ValueError, subprocess.SubprocessError):
@@ -99,9 +99,8 @@ def run_snakemake(cores: int, deadline: float | None, log_path: Path, sampler: G
                 pending = m.group(1).strip()
                 last = max(jobs.values(), key=lambda j: j["start_s"])
                 last.setdefault("wildcards", pending)
-            elif m := re.search(r"Finished job(?:id)?:? (\d+)", line):
-                if m.group(1) in jobs:
-                    jobs[m.group(1)]["end_s"] = now
+            elif (m := re.search(r"Finished job(?:id)?:? (\d+)", line)) and m.group(1) in jobs:
+                jobs[m.group(1)]["end_s"] = now
         code = proc.wait()
         if timer:
             timer.cancel()

@@ -91,14 +91,15 @@ def test_the_scan_sees_what_each_stage_reads(shipped_reads):
     expected = {
         "verify": {("verify", "repeats"), ("verify", "protocol"), ("harness", "measure"),
                    ("harness", "run"), ("protocols",)},
-        "augment": {("augment", "attempts"), ("augment", "robust"), ("corpora", STAR, "backend"),
+        # augment and assemble: the section whole, as a corpus's settings are the section
+        # merged with its override (config.corpus_settings)
+        "augment": {("augment",), ("augment", "overrides", STAR), ("corpora", STAR, "backend"),
                     ("harness", "measure"), ("protocols",)},
-        # the section whole: a corpus's settings are the section merged with its override
         "assemble": {("assemble",), ("assemble", "overrides", STAR), ("verify", "decision_thresholds"),
                      ("protocols",)},
         # through config.stage_settings, the one resolver
         "sft": {("sft", "defaults"), ("sft", "overrides", STAR), ("scales", STAR, "gpus"),
-                ("scales", STAR, "model"), ("models", STAR, "kind")},
+                ("scales", STAR, "launch"), ("scales", STAR, "model"), ("models", STAR, "kind")},
         "rl_infill": {("rl", "defaults"), ("rl", "stages", "rl_infill"), ("rl", "overrides", STAR),
                       ("harness", "measure"), ("scales", STAR, "backend")},
         "rl_e2e": {("rl", "stages", "rl_e2e"), ("prompt_sources", "release")},

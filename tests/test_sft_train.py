@@ -214,8 +214,9 @@ def _losses(run: Path) -> list[float]:
 @pytest.mark.gpu
 def test_sft_through_torchrun_with_one_rank_gives_the_plain_runs_loss(short_params, tmp_path,
                                                                       repo_root):
-    """On one GPU: the stage launched through torchrun (one rank, `--launch torchrun`) trains
-    like the stage run plainly on the same data (the shipped GPU path: bf16, compiled layers,
+    """On one GPU: the stage launched through torchrun (one rank, `--launch torchrun`: a
+    process group of one, the model sharded with FSDP, as the debug scale trains) trains like
+    the stage run plainly on the same data (the shipped GPU path: bf16, compiled layers,
     FlexAttention). The first step's loss agrees to float rounding, later steps within bf16
     noise (atomics in the attention backward may reorder sums)."""
     short_params["sft"]["overrides"]["tiny"].update(epochs=3, bf16=True, compile=True)
