@@ -47,7 +47,7 @@ def _scale_targets(params: dict, scale: str) -> list[str]:
             f"results/provenance_{scale}.json"]
 
 
-@pytest.mark.parametrize("scale", ["tiny", "1p7b", "4b", "8b"])
+@pytest.mark.parametrize("scale", ["tiny", "1p7b", "4b", "8b", "debug"])
 def test_snakemake_and_dvc_agree_for_scale(workspace, dvc_stages, scale):
     params = yaml.safe_load((workspace / "params.yaml").read_text())
     snake = snakemake_records(workspace, _scale_targets(params, scale))
@@ -134,7 +134,7 @@ def test_plain_dvc_repro_runs_what_plain_snakemake_runs(workspace, dvc_stages):
     assert not [n for n in plan if n.startswith("acquire@")], plan
 
 
-@pytest.mark.parametrize("scale", ["1p7b", "4b", "8b"])
+@pytest.mark.parametrize("scale", ["1p7b", "4b", "8b", "debug"])
 def test_one_dvc_command_runs_a_real_scale_as_snakemake_does(workspace, scale):
     """A real scale is one command: `dvc repro real/dvc.yaml:evaluate@<s>` (its table, what
     `snakemake -- results/kernelbench_<s>.csv` runs), and `dvc repro --glob
