@@ -44,7 +44,7 @@ def test_torchrun_launch_decision():
     assert not needs_relaunch(1, environ={}) and needs_relaunch(1, force=True, environ={})
     command = torchrun_command(["sft", "--scale", "8b"], 8, python="py")
     assert command == ["py", "-m", "torch.distributed.run", "--standalone", "--nproc_per_node",
-                       "8", "-m", "dicepipe.cli", "sft", "--scale", "8b"]
+                       "8", "-m", "dicepipe.cli", "--", "sft", "--scale", "8b"]
 
 
 def _dry_run_jobs(text: str) -> list[dict]:

@@ -186,7 +186,9 @@ def _run_sft_command(params: dict, tmp_path: Path, repo_root: Path, name: str, d
     env = {**os.environ, "PYTHONPATH": path, "OMP_NUM_THREADS": "1"}
     subprocess.run([sys.executable, "-m", "dicepipe.cli", "sft", "--params", str(out / "params.yaml"),
                     "--scale", "tiny", "--data", str(data), "--device", device,
-                    "--out", str(out / "model"), "--metrics", str(out / "metrics"), *extra],
+                    "--out", str(out / "model"), "--metrics", str(out / "metrics"),
+                    # --log as the rules pass it: torchrun's parser once refused it (launch.py)
+                    "--log", str(out / "stage.log"), *extra],
                    check=True, env=env, timeout=600)
     return out
 

@@ -106,9 +106,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["--"]:  # a stage started under torchrun (train/launch.py torchrun_command)
+        argv = argv[1:]
     args = parser.parse_args(argv)
     # the command line as given, for stages that start themselves again under torchrun
-    args.argv = list(sys.argv[1:] if argv is None else argv)
+    args.argv = argv
     _setup_logging(args.log, args.verbose)
     try:
         check_checkout(Path.cwd())

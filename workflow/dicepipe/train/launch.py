@@ -33,9 +33,13 @@ def under_torchrun(environ=None) -> bool:
 
 
 def torchrun_command(argv: list[str], nproc: int, python: str = sys.executable) -> list[str]:
-    """The command that runs `dicepipe <argv>` as `nproc` ranks on this machine."""
+    """The command that runs `dicepipe <argv>` as `nproc` ranks on this machine. The stage's
+    arguments follow `--`: torchrun's own parser reads every later argument as an option too,
+    and refuses one that abbreviates several of its own (`--log`: --log-dir, --logs-specs);
+    after `--` it reads none. Whether torchrun then passes the `--` on depends on the Python
+    (argparse's REMAINDER kept it before 3.12): dicepipe.cli drops a leading one."""
     return [python, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc),
-            "-m", "dicepipe.cli", *argv]
+            "-m", "dicepipe.cli", "--", *argv]
 
 
 def needs_relaunch(nproc: int, force: bool = False, environ=None) -> bool:
