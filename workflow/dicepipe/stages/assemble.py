@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pyarrow as pa
 
+from ..config import corpus_settings
 from ..data.assemble import assemble, kept_at_thresholds
 from ..data.schema import (RL_E2E_SCHEMA, RL_INFILL_SCHEMA, SAMPLE_SCHEMA, SFT_SCHEMA, VAL_SCHEMA,
                            read_parquet, read_table, write_table)
-from ..config import corpus_settings
 from ..errors import StageInputError
 from ..harness.verdict import is_correct, named_protocol
 
@@ -43,7 +43,6 @@ def _read_measurements(path: str) -> dict[str, dict]:
              if c in VERDICT_COLUMNS or c.startswith("flag_")]
     return {row["job_id"]: row
             for row in table.select(list(MEASUREMENT_COLUMNS) + extra).to_pylist()}
-
 
 
 def run(args, params: dict) -> int:

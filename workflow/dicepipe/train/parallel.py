@@ -16,6 +16,8 @@ from dataclasses import dataclass
 
 import torch
 
+from .launch import under_torchrun
+
 log = logging.getLogger(__name__)
 
 
@@ -52,7 +54,7 @@ def init_distributed(device_preference: str = "auto") -> DistEnv:
     if device.type == "cuda":
         device = torch.device("cuda", local_rank)
         torch.cuda.set_device(device)
-    group = world > 1 or "TORCHELASTIC_RUN_ID" in os.environ
+    group = world > 1 or under_torchrun()
     if group and not torch.distributed.is_initialized():
         backend = "nccl" if device.type == "cuda" else "gloo"
         torch.distributed.init_process_group(backend=backend, device_id=device if device.type == "cuda" else None)
