@@ -77,7 +77,7 @@ class GpuSampler(threading.Thread):
 
 def run_snakemake(cores: int, deadline: float | None, log_path: Path, sampler: GpuSampler) -> tuple[int, list]:
     command = [sys.executable, "-m", "snakemake", "--cores", str(cores), TARGET]
-    jobs, pending, current = {}, None, None
+    jobs, current = {}, None
     t_start = sampler.start_time
     with open(log_path, "w") as log:
         proc = subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
@@ -96,9 +96,8 @@ def run_snakemake(cores: int, deadline: float | None, log_path: Path, sampler: G
                 jobs[m.group(1)] = current
                 current = None
             elif (m := re.search(r"wildcards: (.*)", line)) and jobs:
-                pending = m.group(1).strip()
-                last = max(jobs.values(), key=lambda j: j["start_s"])
-                last.setdefault("wildcards", pending)
+                latest = max(jobs.values(), key=lambda j: j["start_s"])
+                latest.setdefault("wildcards", m.group(1).strip())
             elif (m := re.search(r"Finished job(?:id)?:? (\d+)", line)) and m.group(1) in jobs:
                 jobs[m.group(1)]["end_s"] = now
         code = proc.wait()

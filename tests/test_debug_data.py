@@ -85,7 +85,10 @@ def test_the_cuda_kernel_computes_the_cpu_kernels_loop_body():
 def test_the_debug_base_is_the_tiny_base_in_sdars_layout(tmp_path):
     from dicepipe.stages.export_sdar import export
 
-    export(REPO / "data/base/tiny", tmp_path / "out", "dicepipe export-sdar --model data/base/tiny --out data/base/debug")
+    export(REPO / "data/base/tiny", tmp_path / "out",
+           "dicepipe export-sdar --model data/base/tiny --out data/base/debug --link-weights", link_weights=True)
+    assert (BASE / "model.safetensors").is_symlink()  # the tiny base's weights, not a second copy
+    assert (BASE / "model.safetensors").resolve() == (REPO / "data/base/tiny/model.safetensors").resolve()
     names = sorted(p.name for p in BASE.iterdir())
     assert names == sorted(p.name for p in (tmp_path / "out").iterdir())
     assert filecmp.cmpfiles(BASE, tmp_path / "out", names, shallow=False)[0] == names

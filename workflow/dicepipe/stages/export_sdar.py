@@ -11,7 +11,10 @@ files, config.json in SDAR's keys, and no block_diffusion.json, so a `models.<na
 kind `sdar` pointing at it loads it exactly as it loads SDAR. The debug scale's base
 (data/base/debug) is data/base/tiny exported so:
 
-    dicepipe export-sdar --model data/base/tiny --out data/base/debug
+    dicepipe export-sdar --model data/base/tiny --out data/base/debug --link-weights
+
+(`--link-weights`: its model.safetensors is a relative link to the tiny base's, not a second
+copy of the same 5 MB in git.)
 
 The folder gets its own MANIFEST.json, and EXPORTED.json records the command and the source's
 config and weight digests (no path outside the repository, no time).
@@ -21,6 +24,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import shlex
 import shutil
 from pathlib import Path
@@ -44,6 +48,9 @@ _LEFT_OUT = ("block_diffusion.json", "MANIFEST.json", "MANIFEST.verified.json", 
 def add_arguments(parser) -> None:
     parser.add_argument("--model", required=True, help="a folder this package saved (block_diffusion.json in it)")
     parser.add_argument("--out", required=True, help="the SDAR-shaped folder to write (replaced)")
+    parser.add_argument("--link-weights", action="store_true",
+                        help="link the weight files (a relative symlink) instead of copying them: "
+                             "the shipped debug base shares the tiny base's weights so")
 
 
 def sdar_config(config: dict, block_size: int, mask_token_id: int) -> dict:
@@ -61,7 +68,7 @@ def sdar_config(config: dict, block_size: int, mask_token_id: int) -> dict:
     return out
 
 
-def export(model: Path, out: Path, command: str) -> None:
+def export(model: Path, out: Path, command: str, link_weights: bool = False) -> None:
     from ..errors import ModelError
     from ..model import manifest
     from ..model.settings import BLOCK_SETTINGS_FILE, BlockSettings
@@ -78,7 +85,11 @@ def export(model: Path, out: Path, command: str) -> None:
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     for f in sorted(model.iterdir()):
-        if f.is_file() and f.name not in _LEFT_OUT and f.name != "config.json":
+        if not f.is_file() or f.name in _LEFT_OUT or f.name == "config.json":
+            continue
+        if link_weights and f.suffix == ".safetensors":  # tmp and out are siblings: one relative path
+            (tmp / f.name).symlink_to(os.path.relpath(f, tmp))
+        else:
             shutil.copy2(f, tmp / f.name)
     (tmp / "config.json").write_text(json.dumps(
         sdar_config(config, settings.block_size, settings.mask_token_id), indent=2, sort_keys=True) + "\n")
@@ -95,6 +106,6 @@ def export(model: Path, out: Path, command: str) -> None:
 
 def run(args, params) -> int:
     model, out = Path(args.model), Path(args.out)
-    export(model, out, "dicepipe " + shlex.join(args.argv))
+    export(model, out, "dicepipe " + shlex.join(args.argv), args.link_weights)
     log.info("exported %s as an SDAR-shaped folder: %s", model, out)
     return 0
