@@ -25,7 +25,7 @@ from dicepipe.augment import generate_tasks
 from dicepipe.augment.authors.templates import TemplateAuthor
 from dicepipe.augment.loop import run_attempts
 from dicepipe.augment.records import build_report
-from dicepipe.harness import HarnessSettings
+from kernelharness import HarnessSettings
 
 FALLBACK_DOC = """Direct check, used only when the harness cannot run here: each kernel is built
 in its own process (in parallel), then every task's first variant is compared with its

@@ -6,9 +6,9 @@ through the harness's own build path (`builder.build_spec`, as BuildService's bu
 run it: CPU slots shared by all builders, host unit first, nvcc's phases run one by one, the
 precompiled host headers) into a fresh cache, `--workers` builder processes at a time over
 `--slots` CPU slots (default: twice as many builders as slots, as the harness runs cuda
-builds; sessions 14-16 ran 16 builders on 16 slots). Each build's status carries one
-record per compiler run (`steps`: wall and CPU seconds of the whole process tree, from
-wait4); the report sums them per phase:
+builds; the minimal-headers and slim-ops runs of the journal ran 16 builders on 16 slots).
+Each build's status carries one record per compiler run (`steps`: wall and CPU seconds of the
+whole process tree, from wait4); the report sums them per phase:
 
   host:check        main.cpp up to its bindings, preprocessed: a bound name nothing declares
                     or a second module block fails the build here (preludes' binding check)
@@ -25,26 +25,29 @@ wait4); the report sums them per phase:
 same call, in the order given (the first is the baseline of the ratios). Before the first,
 every header and compiler binary the builds read is read once (`warm_page_cache`; off with
 `--no-warm-page-cache`): on a fresh machine the first variant otherwise reads them from disk
-and the second does not (session 16 measured 2.32x with the "before" variant first on a fresh
-machine, 2.00x on the same code with the headers read first). Even so, ratios move by about
-a tenth between calls and orders (1.79-2.00x): report both orders.
+and the second does not (2.32x with the "before" variant first on a fresh machine, 2.00x on
+the same code with the headers read first: docs/journal/2026-12-04-build-cut-slim-ops.md).
+Even so, ratios move by about a tenth between calls and orders (1.79-2.00x): report both
+orders.
 
   baseline          the build as the harness does it (use_pch and cuda_light_headers on)
   no-light-headers  cuda.cu compiled as written (what cuda_light_headers saves, measured)
   no-minimal-headers  no minimal-header tier and no binding check (harness.run.minimal_headers
-                    off): the harness of session 13, the "before" of both
+                    off): the harness before the header work, the "before" of both
   no-slim-ops       cuda.cu's minimal prelude with the operators' own headers instead of
-                    their slim copies (preludes.slim_op_text): the harness of session 15
+                    their slim copies (preludes.slim_op_text): the harness with minimal
+                    headers, before the slim operator headers
   no-prelude-wait   a main.cpp finding its prelude's precompiled header being made by
                     another builder compiles plainly (builder.WAIT_FOR_PRELUDE_PCH off): the
-                    harness of session 16
+                    harness with slim operator headers, before the prelude wait
   no-shared-host    every build compiles its main.cpp (builder.SHARE_HOST_OBJECTS off): the
-                    harness of session 17 before the shared main.cpp objects
+                    harness with the prelude wait, before the shared main.cpp objects
 
 The clock of a variant starts once its `--workers` builder processes are up with the build
 modules imported (as a HarnessSession's builders, started once for a session's calls); with
-`--cold-pool` it starts before them, as in sessions 13-18, and each variant's wall then
-includes the 6-8 s that 32 processes take to start on 16 cores (`first_start_s`).
+`--cold-pool` it starts before them, as in the journal's build-cut runs (up to
+docs/journal/2026-12-04-build-cut-both-orders.md), and each variant's wall then includes the
+6-8 s that 32 processes take to start on 16 cores (`first_start_s`).
 
 Each variant's summary also counts the header tier each build compiled with (`tiers`): the
 cuda unit's (minimal-headers, light-headers, full-headers) and main.cpp's.
@@ -94,7 +97,7 @@ VARIANTS = {
                           "the harness before them",
     "no-slim-ops": "the operators' own headers in cuda.cu's minimal prelude (no slim copies)",
     "no-prelude-wait": "a main.cpp that finds another builder making its prelude's precompiled "
-                       "header compiles plainly at once (the harness before session 17)",
+                       "header compiles plainly at once (the harness before the prelude wait)",
     "no-shared-host": "every build compiles its own main.cpp (no main.cpp object shared "
                       "between builds of the same text)",
 }
@@ -160,8 +163,8 @@ def read_corpus(path: Path, limit: int | None, stride: int = 1) -> list[dict]:
 
 def extract_all(items: list[dict], work: Path) -> list[dict]:
     """The cuda `load_inline` specs of every candidate, deduplicated by build key."""
-    from dicepipe.harness.build.buildspec import spec_key, spec_uses_cuda, toolchain_fingerprint
-    from dicepipe.harness.worker.extract import extract_specs
+    from kernelharness.compilation.buildspec import spec_key, spec_uses_cuda, toolchain_fingerprint
+    from kernelharness.worker.extract import extract_specs
 
     toolchain = toolchain_fingerprint("cuda")
     seen, specs = set(), []
@@ -220,7 +223,7 @@ _STATE: dict = {}
 
 
 def _init_builder(variant: str, slots: int, stub_dir: str, arch: str) -> None:
-    from dicepipe.harness.build.compile_steps import SLOTS_ENV
+    from kernelharness.compilation.compile_steps import SLOTS_ENV
 
     os.environ[SLOTS_ENV] = str(slots)
     os.environ["TORCH_CUDA_ARCH_LIST"] = arch
@@ -240,7 +243,7 @@ _SWITCHED_OFF = {"no-slim-ops": ("nvcc_split", "SLIM_OPS"),
 
 
 def _build_one(item: dict, cache: str, use_pch: bool, light_headers: bool) -> dict:
-    from dicepipe.harness.build.builder import build_spec
+    from kernelharness.compilation.builder import build_spec
 
     spec = dict(item["spec"])
     for field, extra in _STATE["stand_ins"].items():
@@ -254,7 +257,7 @@ def _build_one(item: dict, cache: str, use_pch: bool, light_headers: bool) -> di
         import importlib
 
         module, flag = _SWITCHED_OFF[_STATE["variant"]]
-        setattr(importlib.import_module(f"dicepipe.harness.build.{module}"), flag, False)
+        setattr(importlib.import_module(f"kernelharness.compilation.{module}"), flag, False)
     start = time.monotonic()
     status = build_spec(spec, item["key"], Path(cache), use_pch, light_headers, minimal_headers)
     return {"kernel": item["kernel"], "key": item["key"], "ok": bool(status.get("ok")),
@@ -266,7 +269,7 @@ def _build_one(item: dict, cache: str, use_pch: bool, light_headers: bool) -> di
 def _ready(roll: str, workers: int, timeout_s: float) -> int:
     """One pool worker up, its build modules imported, and held until `workers` workers are:
     each holds its task, so `workers` tasks land on `workers` distinct processes."""
-    import dicepipe.harness.build.builder  # noqa: F401 - what a build imports first
+    import kernelharness.compilation.builder  # noqa: F401 - what a build imports first
 
     Path(roll, str(os.getpid())).touch()
     deadline = time.monotonic() + timeout_s
@@ -346,7 +349,7 @@ def import_check(variant: dict, specs: list[dict], cache: Path) -> dict:
     """Import every module a variant built (in a fresh interpreter, after torch) and look up
     its bound functions: a module's name and bindings come from its main.cpp object, which
     the harness may have taken from another build (builder.SHARE_HOST_OBJECTS)."""
-    from dicepipe.harness.build.buildspec import module_name, so_path
+    from kernelharness.compilation.buildspec import module_name, so_path
 
     by_key = {s["key"]: s for s in specs}
     todo = []
@@ -572,7 +575,7 @@ def main() -> None:
     if args.workers is None:
         args.workers = 2 * args.slots
     if not args.arch:
-        from dicepipe.harness.build.buildspec import local_cuda_arch
+        from kernelharness.compilation.buildspec import local_cuda_arch
 
         args.arch = local_cuda_arch() or "9.0"
     os.environ["TORCH_CUDA_ARCH_LIST"] = args.arch

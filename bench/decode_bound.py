@@ -27,7 +27,7 @@ from dicepipe.model.shapes import SDAR_VOCAB, SHAPES
 
 # Rates. PEAK: the bf16 matmul peak measured in the same runs (772-794 TFLOP/s) and the
 # HBM3e specification, 4.8 TB/s. MEASURED_4B: what our parts reach at 4B, batch 128 on
-# the H200 (session 4, bench/README.md "Model", bench/model_decode_parts.py): a layer's
+# the H200 (bench/README.md "Decoding", bench/model_decode_parts.py): a layer's
 # fused matmuls at 512 / 1,024 tokens, decode attention at context 1,024 for 4 / 8 queries
 # (GB/s of keys/values read), the output layer at 128-512 tokens; prefill attention
 # (cuDNN, block-causal mask) from the profile: ~79 ms for 19 TFLOP of unmasked work.

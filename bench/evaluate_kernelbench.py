@@ -53,8 +53,8 @@ def run_folder(args) -> dict:
     from dicepipe.evaluation.metrics import summarize
     from dicepipe.evaluation.report import task_columns, task_rows, write_csv
     from dicepipe.evaluation.scoring import score
-    from dicepipe.harness import HarnessSession, HarnessSettings
-    from dicepipe.harness.verdict import named_protocol
+    from kernelharness import HarnessSession, HarnessSettings
+    from dicepipe.judgement import named_protocol
 
     params = _params()
     out = Path(args.out)
@@ -78,7 +78,7 @@ def run_folder(args) -> dict:
 
 
 def _folder_report(records, summary, wall_s: float) -> dict:
-    from dicepipe.harness.verdict import named_protocol, verdict
+    from dicepipe.judgement import named_protocol, verdict
 
     kb = named_protocol("kernelbench")
     ran = [r for r in records if r["result"] and r["result"].get("compiled")]

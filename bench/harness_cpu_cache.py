@@ -1,4 +1,5 @@
-"""Harness benchmark: a second evaluation of already-built sources (issue 3, cpu).
+"""Harness benchmark: a second evaluation of already-built sources (cpu; a decision goal of
+bench/README.md "Harness CPU decision goals").
 
 Evaluates every (reference, kernel) pair of the shipped corpus twice with a cold build cache
 (params.yaml's harness settings, repeats 1): the first run extracts, builds (precompiled
@@ -25,7 +26,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "workflow"))
 
 from dicepipe.config import load_params  # noqa: E402
-from dicepipe.harness import HarnessSettings, Job, evaluate  # noqa: E402
+from kernelharness import HarnessSettings, Job, evaluate  # noqa: E402
 
 
 def corpus_jobs(corpus: Path, limit: int | None) -> list[Job]:

@@ -1,4 +1,5 @@
-"""Harness trust on real kernels (issue 11): score a corpus of public KernelBench CUDA kernels.
+"""Harness trust on real kernels: score a corpus of public KernelBench CUDA kernels
+(bench/README.md "Harness on real kernels").
 
 The corpus (kept out of the repository, e.g. .carry/realcorpus/) holds candidates/<key>.py,
 references/<key>.py with the same file names, and manifest.jsonl (key, source, level, problem,
@@ -26,7 +27,7 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from dicepipe.harness.verdict import BUILTIN_PROTOCOLS, Protocol, is_flagged, judge, named_protocol
+from dicepipe.judgement import BUILTIN_PROTOCOLS, Protocol, is_flagged, judge, named_protocol
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -45,10 +46,11 @@ def flags_set(row: Mapping) -> list[str]:
 def correct_under(row: Mapping, protocol: Protocol) -> tuple[bool, str]:
     """(correct under the protocol, how it was decided), robustness aside.
 
-    Rows with `tolerance_needed` go through the one verdict function. Older rows (a harness
-    before issue 11) only carry `max_abs_error`, an absolute error: at most the protocol's fp32
-    tolerance is enough for allclose (atol alone covers it), so the fallback never accepts a
-    row the real rule would reject, only misses some that a relative tolerance would accept.
+    Rows with `tolerance_needed` go through the one verdict function. Older rows (a harness before
+    it recorded the tolerance each output needs) only carry `max_abs_error`, an absolute error:
+    at most the protocol's fp32 tolerance is enough for allclose (atol alone covers it), so the
+    fallback never accepts a row the real rule would reject, only misses some that a relative
+    tolerance would accept.
     """
     if "tolerance_needed" in row:
         return judge(row, protocol=protocol, robust=False) == "accepted", "tolerance_needed"
@@ -164,7 +166,7 @@ def read_manifest(corpus: Path) -> dict[str, dict]:
 
 def corpus_jobs(corpus: Path, references: str, sources: Sequence[str] | None,
                 manifest: Mapping[str, dict], limit: int | None) -> list:
-    from dicepipe.harness import Job
+    from kernelharness import Job
 
     jobs = []
     for cand in sorted((corpus / "candidates").glob("*.py")):
@@ -262,11 +264,11 @@ def main() -> None:
     manifest = read_manifest(args.corpus)
     results = args.results or args.out / "results.parquet"
     if args.summarize_only:
-        from dicepipe.harness.results import ResultStore
+        from kernelharness.results import ResultStore
 
         result_rows = ResultStore.read(results)  # the journal too, if the run was cut short
     else:
-        from dicepipe.harness import HarnessSettings
+        from kernelharness import HarnessSettings
 
         jobs = corpus_jobs(args.corpus, args.references, args.sources, manifest, args.limit)
         harness_params = {"measure": dict(params["harness"]["measure"]),

@@ -1,6 +1,7 @@
-"""Differential test against KernelBench's own code (issue 21): the same kernel pairs judged by
-KernelBench 423217d's `eval_kernel_against_ref` and by the harness's `kernelbench` and
-`kernelbench_v0` protocols; (compiled, correct) must agree on every pair but the listed ones.
+"""Differential test against KernelBench's own code (bench/README.md "KernelBench's own check
+beside ours"): the same kernel pairs judged by KernelBench 423217d's `eval_kernel_against_ref`
+and by the harness's `kernelbench` and `kernelbench_v0` protocols; (compiled, correct) must
+agree on every pair but the listed ones.
 
     PYTHONUNBUFFERED=1 PYTHONPATH=workflow python3 bench/kernelbench_differential.py \
         --parquet .carry/shared/data/kernelbench/kernelbench_levels_1-3.parquet \
@@ -29,14 +30,15 @@ correctness only, params.yaml's harness settings, in chunks. Both sides run at t
 
 GPU memory: level 1's inputs and outputs run to several GB per problem, and KernelBench's
 `--kb-jobs` children and our `--harness-workers` share the one GPU: run concurrently they run
-out of GPU memory (session 10: 29 of 31 level-1 differences were a side's CUDA OOM). For
-level 1 use `--sequential --kb-jobs 2 --harness-workers 1`; re-runs of disagreements go
-`--rerun-jobs` (1) at a time, KernelBench's first, and an OOM on either side is named in
-the reason. Session 11 measured why: at `--kb-jobs 4` KernelBench's children hold 42-50 GB
-each on the big level-1 problems (10 of 100 copies still hit CUDA OOM), and our workers read
-memory for the whole device, so several on one GPU count each other's allocations as a leak
-and are replaced after most jobs (3 workers: 36 pairs in 7 minutes; one worker alone does a
-level-1 copy in 1-2 s). The pipeline itself runs one worker per GPU.
+out of GPU memory (29 of 31 differences of a concurrent level-1 run were a side's CUDA OOM:
+docs/journal/2026-12-03-kernelbench-differential-l1.md). For level 1 use `--sequential
+--kb-jobs 2 --harness-workers 1`; re-runs of disagreements go `--rerun-jobs` (1) at a time,
+KernelBench's first, and an OOM on either side is named in the reason. The clean level-1 run
+measured why: at `--kb-jobs 4` KernelBench's children hold 42-50 GB each on the big level-1
+problems (10 of 100 copies still hit CUDA OOM), and our workers read memory for the whole
+device, so several on one GPU count each other's allocations as a leak and are replaced after
+most jobs (3 workers: 36 pairs in 7 minutes; one worker alone does a level-1 copy in 1-2 s).
+The pipeline itself runs one worker per GPU.
 
 Cost: host-side input draws dominate. Both KernelBench and the harness's KernelBench trials
 draw `get_inputs()` on the CPU (serial: ~4 ns an element on the 2-core VM), and one draw of
@@ -426,7 +428,7 @@ class KernelBenchSide:
 
 def harness_settings(args):
     import yaml
-    from dicepipe.harness import HarnessSettings
+    from kernelharness import HarnessSettings
 
     params = yaml.safe_load(args.params.read_text())  # no schema check: no jsonschema needed
     harness = params["harness"]
@@ -452,7 +454,7 @@ def run_harness(pairs: list[dict], args, state: Path, run_index: int = 0,
     results = state / "harness" / f"results_run{run_index}.parquet"
     if args.from_state or args.skip_harness:
         return saved_rows(pairs, results, suffix)
-    from dicepipe.harness import HarnessSession, Job
+    from kernelharness import HarnessSession, Job
 
     settings, _ = harness_settings(args)
     ordered = sorted(pairs, key=lambda p: p["build_group"] is None)
@@ -490,7 +492,7 @@ def saved_rows(pairs: list[dict], results: Path, suffix: str) -> dict:
 # ---------------------------------------------------------------- comparison (pure)
 
 def ours_verdicts(row: dict | None, protocols: dict) -> dict:
-    from dicepipe.harness.verdict import judge
+    from dicepipe.judgement import judge
 
     out = {"ours_compiled": None if row is None else bool(row.get("compiled"))}
     for name, protocol in protocols.items():
@@ -779,7 +781,7 @@ def main(argv=None) -> int:
     write_files(pairs, state)
     log(f"{len(pairs)} pairs: {dict(Counter(p['source'] for p in pairs))}; state in {state}")
 
-    from dicepipe.harness.verdict import named_protocol
+    from dicepipe.judgement import named_protocol
 
     _, table = harness_settings(args)
     protocols = {name: named_protocol(name, table) for name in PROTOCOLS}

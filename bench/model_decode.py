@@ -3,13 +3,13 @@
 graphs; optionally the per-token layer parts torch.compile'd; by default the Triton decode
 attention, fused q|k|v and gate|up projections and the output layer at masked positions
 only, the MLP + next-norm/projection boundary compiled as one graph, the prefill's parts
-compiled ("session1" cases switch all of these off, "session2a" the last two); "overlap"
-cases run forwards of >= N tokens as two half-batches on two CUDA streams; "fp8_kv" cases
-keep the KV cache in float8 (changes numerics; their greedy tokens are compared with the
-first default-dtype case of the same shape in the run: token_agreement); "fp8_weights"
-cases run each layer's matmuls in float8 (also changes numerics; besides token agreement
-they report the relative error of last-position prefill logits against the bf16 engine on 8
-prompts, `logit_rel_err`, and how often the top token agrees there). Against the
+compiled ("all_parts_off" cases switch all of these off, "boundary_prefill_off" the last
+two); "overlap" cases run forwards of >= N tokens as two half-batches on two CUDA streams;
+"fp8_kv" cases keep the KV cache in float8 (changes numerics; their greedy tokens are
+compared with the first default-dtype case of the same shape in the run: token_agreement);
+"fp8_weights" cases run each layer's matmuls in float8 (also changes numerics; besides token
+agreement they report the relative error of last-position prefill logits against the bf16
+engine on 8 prompts, `logit_rel_err`, and how often the top token agrees there). Against the
 straightforward loop (no CUDA graphs, separate KV-write forward per block) and the
 autoregressive loop of the same engine. Stop tokens are off so every row writes all its
 tokens: tokens/s = rows x new tokens / wall time of generate() (prefill included; graph
@@ -44,53 +44,55 @@ def _case(name, shape, batch, mode="block", new_tokens=1024, graphs=True, fused=
             "weights": weights}
 
 
-def _session1(name, shape, batch, **kw) -> dict:
-    """The session-1 engine: SDPA over the key bucket, separate projections, full logits."""
+def _all_parts_off(name, shape, batch, **kw) -> dict:
+    """The first engine: SDPA over the key bucket, separate projections, full logits."""
     return _case(name, shape, batch, attention="sdpa", proj=False, masked=False, boundary=False,
                  prefill=False, overlap=None, **kw)
 
 
-def _session2(name, shape, batch, **kw) -> dict:
-    """The session-2 engine as first measured: no boundary fusion, eager prefill, one stream."""
+def _boundary_prefill_off(name, shape, batch, **kw) -> dict:
+    """The engine of cases 0-9 as first measured: no boundary fusion, eager prefill, one
+    stream."""
     return _case(name, shape, batch, boundary=False, prefill=False, overlap=None, **kw)
 
 
 CASES = [
-    # 0-9: session 2 (the table in bench/README.md)
+    # 0-9: Triton decode attention, fused projections, masked logits, against the first engine
+    # (bench/README.md "Decoding"; docs/journal/2026-12-01-decoding.md)
     _case("diffusion_compiled", "4b", 128, compiled=True),
-    _session1("diffusion_compiled_session1", "4b", 128, compiled=True),
+    _all_parts_off("diffusion_compiled_all_parts_off", "4b", 128, compiled=True),
     _case("diffusion_compiled", "1.7b", 64, compiled=True),
-    _session1("diffusion_compiled_session1", "1.7b", 64, compiled=True),
+    _all_parts_off("diffusion_compiled_all_parts_off", "1.7b", 64, compiled=True),
     _case("diffusion_compiled", "1.7b", 1, compiled=True),
-    _session1("diffusion_compiled_session1", "1.7b", 1, compiled=True),
+    _all_parts_off("diffusion_compiled_all_parts_off", "1.7b", 1, compiled=True),
     _case("autoregressive_compiled", "4b", 128, mode="ar", compiled=True),
     _case("diffusion_compiled_triton_only", "4b", 128, compiled=True, proj=False, masked=False),
     _case("diffusion_compiled_no_masked_logits", "4b", 128, compiled=True, masked=False),
     _case("diffusion_compiled_prompt256", "4b", 128, compiled=True, prompt_len=256),
-    # 10-: session 1 cases (now with the session-2 defaults unless named session1)
-    _session1("straightforward_loop", "1.7b", 64, new_tokens=128, graphs=False, fused=False),
-    _session1("straightforward_loop", "1.7b", 1, new_tokens=64, graphs=False, fused=False),
+    # 10-: the first engine's cases (now with the defaults above unless all_parts_off)
+    _all_parts_off("straightforward_loop", "1.7b", 64, new_tokens=128, graphs=False, fused=False),
+    _all_parts_off("straightforward_loop", "1.7b", 1, new_tokens=64, graphs=False, fused=False),
     _case("autoregressive_compiled", "1.7b", 64, mode="ar", compiled=True),
     _case("autoregressive_compiled", "1.7b", 1, mode="ar", compiled=True),
     _case("diffusion", "4b", 128),
     _case("diffusion", "1.7b", 64),
-    _session1("autoregressive_compiled_session1", "4b", 128, mode="ar", compiled=True),
+    _all_parts_off("autoregressive_compiled_all_parts_off", "4b", 128, mode="ar", compiled=True),
     _case("diffusion_sampled_t1", "1.7b", 64, temperature=1.0),
     _case("diffusion_dynamic", "1.7b", 64, strategy="dynamic"),
     _case("diffusion_unfused", "1.7b", 64, fused=False),
     _case("autoregressive", "4b", 128, mode="ar"),
-    # 21-: session 2, second engine (two-stream half batches, boundary fusion, compiled prefill)
-    _session2("diffusion_compiled_session2a", "4b", 128, compiled=True),
+    # 21-: the next engine (two-stream half batches, boundary fusion, compiled prefill)
+    _boundary_prefill_off("diffusion_compiled_boundary_prefill_off", "4b", 128, compiled=True),
     _case("diffusion_compiled_one_stream", "4b", 128, compiled=True, overlap=None),
     _case("diffusion_compiled_one_stream", "1.7b", 64, compiled=True, overlap=None),
     _case("diffusion_compiled_overlap_all_forwards", "1.7b", 64, compiled=True, overlap=0),
     _case("diffusion_compiled_eager_prefill", "4b", 128, compiled=True, prefill=False),
     _case("diffusion_compiled_overlap_8_query_forward_only", "4b", 128, compiled=True, overlap=1024),
     _case("diffusion_compiled_overlap", "4b", 128, compiled=True, overlap=512),
-    # 28-: session 3 (optional float8 KV cache: changes numerics; agreement with case 0 reported)
+    # 28-: optional float8 KV cache (changes numerics; agreement with case 0 reported)
     _case("diffusion_compiled_fp8_kv", "4b", 128, compiled=True, kv="float8_e4m3fn"),
     _case("diffusion_compiled_fp8_kv", "1.7b", 64, compiled=True, kv="float8_e4m3fn"),
-    # 30-: session 4 (optional float8 matmuls: changes numerics)
+    # 30-: optional float8 matmuls (changes numerics)
     _case("diffusion_compiled_fp8_weights", "4b", 128, compiled=True, weights="float8_e4m3fn"),
     _case("diffusion_compiled_fp8_weights_kv", "4b", 128, compiled=True, weights="float8_e4m3fn",
           kv="float8_e4m3fn"),

@@ -2,9 +2,9 @@
 (random weights are not needed: every part is timed on random tensors of the right shape).
 
 - attention over the KV cache: SDPA's masked kernel over the 128-granular key bucket (the
-  session-1 path) against the split-KV Triton kernel (a few launch configurations), for the
-  short queries of the fused (8) and plain (4) forwards; GB/s counts the keys/values each
-  row really needs (its padding excluded).
+  decoder's path before the Triton kernel) against the split-KV Triton kernel (a few launch
+  configurations), for the short queries of the fused (8) and plain (4) forwards; GB/s
+  counts the keys/values each row really needs (its padding excluded).
 - the layer's matmuls at the forward's token counts: separate q/k/v and gate/up projections
   against the fused ones, and the output layer at all block positions against the masked
   ones.

@@ -10,7 +10,7 @@ comment in its CUDA source so it builds afresh), spread over the rollouts in tur
 step's scoring sees `--kernels` cold builds and copies for the rest, as a group whose rollouts
 converge does. Scoring goes through the stage's own path: `KernelReward`-style `submit` of each
 decoded chunk into one HarnessSession (`--scoring stream`, the default), or one blocking call
-per chunk in a scoring thread (`--scoring per-call`, the stage before issue 25), correctness
+per chunk in a scoring thread (`--scoring per-call`, the stage before it streamed), correctness
 only. Rewards alternate per rollout so every group is trained on.
 
 Reference figures measured in the same run: the Decoder's own tokens/s on one chunk's batch
@@ -42,7 +42,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "workflow"))
 
 from dicepipe.augment import generate_tasks
 from dicepipe.augment.authors.templates import TemplateAuthor
-from dicepipe.harness import HarnessSession, HarnessSettings, Job
+from kernelharness import HarnessSession, HarnessSettings, Job
 from dicepipe.model.settings import BlockSettings
 from dicepipe.model.shapes import SDAR_MASK_ID, SHAPES, qwen3_config, random_qwen3
 from dicepipe.train.parallel import init_distributed

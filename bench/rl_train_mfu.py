@@ -1,8 +1,8 @@
-"""The RL update alone (issue 25 item 3): old log-probabilities + one PPO/KL update over a
-step's traces, through the stage's own `train_on_rollouts` (train/rl_update.py), on synthetic
-traces, unpacked (`pack_tokens` 0: one trace per row and micro-batch, the release's shape)
-and packed (`pack_tokens` N: rows of N trajectory-layout tokens, one per micro-batch) in the
-same run, with the same policy module.
+"""The RL update alone (bench/README.md "BiC-RL step and the build cut", row U): old
+log-probabilities + one PPO/KL update over a step's traces, through the stage's own
+`train_on_rollouts` (train/rl_update.py), on synthetic traces, unpacked (`pack_tokens` 0: one
+trace per row and micro-batch, the release's shape) and packed (`pack_tokens` N: rows of N
+trajectory-layout tokens, one per micro-batch) in the same run, with the same policy module.
 
 Traces as the Decoder writes them at the RL defaults: prompts of 768-1,027 random tokens,
 generations of new_tokens/2 to new_tokens tokens (`--full-length`: all new_tokens), through

@@ -115,7 +115,7 @@ class _Context:
     """What a device worker's context gives `run_job` and `run_probe`, in this process."""
 
     def __init__(self, device: str, folder: Path):
-        from dicepipe.harness.worker.guards import ThreadWatch
+        from kernelharness.worker.guards import ThreadWatch
 
         self.device, self.toolchain, self.extensions = device, {}, {}
         self.cache = self.folder = self.job_folder = folder
@@ -144,8 +144,8 @@ def measured(device: str, fn):
 
 def our_job(task: dict, settings: dict, device: str) -> dict:
     from dicepipe.data.benchmark import reference_copy
-    from dicepipe.harness.orchestrator import job_seed
-    from dicepipe.harness.worker.device_job import run_job, run_probe
+    from kernelharness.orchestrator import job_seed
+    from kernelharness.worker.device_job import run_job, run_probe
 
     seed = job_seed(int(settings["seed"]), task["reference_code"])
     with tempfile.TemporaryDirectory() as folder:
@@ -343,7 +343,7 @@ def main(argv=None) -> int:
     parser.add_argument("--dry-run", action="store_true", help="list the tasks and sizes only")
     args = parser.parse_args(argv)
 
-    from dicepipe.harness import HarnessSettings
+    from kernelharness import HarnessSettings
 
     started = time.monotonic()
     tasks = pick_tasks(load_tasks(args.parquet, args.level), args.count, args.pick, args.tasks)

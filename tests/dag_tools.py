@@ -10,8 +10,11 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
+from dicepipe.deps import HARNESS_METHOD_FILE, HARNESS_METHOD_KEY
+
 WORKFLOW_FILES = ["Snakefile", "dvc.yaml", "real", "params.yaml", ".dvcignore", "workflow", "profiles",
-                  "envs", "data/kernelbench", "data/baselines", "data/base"]
+                  "envs", "data/kernelbench", "data/baselines", "data/base",
+                  "harness/src/kernelharness/method.py"]
 # The pipeline's DVC files (dvc.yaml's header): the default chain, which a target-less
 # `dvc repro` runs, and the real scales, addressed as real/dvc.yaml:<stage>.
 DEFAULT_DVC_FILE = "dvc.yaml"
@@ -43,6 +46,7 @@ def copy_workflow(repo_root: Path, dest: Path) -> Path:
         if src.is_dir():
             shutil.copytree(src, dest / name, ignore=shutil.ignore_patterns("__pycache__"))
         elif src.exists():
+            (dest / name).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(src, dest / name)
     import yaml
 
@@ -150,6 +154,12 @@ def dvc_records(workdir: Path) -> dict[str, StageRecord]:
             params, deps = set(), set()
             for dep in stage.deps:
                 if isinstance(dep, ParamsDependency):
+                    # params.yaml's keys, and the harness's method version read from its file
+                    # (the key Snakemake tracks it under: dicepipe.deps.HARNESS_METHOD_KEY)
+                    if rel(dep.fs_path) == HARNESS_METHOD_FILE:
+                        assert list(dep.params) == ["METHOD_VERSION"], (stage.addressing, dep.params)
+                        params.add(HARNESS_METHOD_KEY)
+                        continue
                     assert rel(dep.fs_path) == "params.yaml", (stage.addressing, dep.fs_path)
                     params.update(dep.params)
                 else:

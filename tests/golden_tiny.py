@@ -156,8 +156,8 @@ def record_rollouts(tasks: int = 2) -> None:
     from dicepipe.data import prompts
     from dicepipe.data.extract import code_from_text
     from dicepipe.data.infill import split_for_infilling
-    from dicepipe.harness import HarnessSession, HarnessSettings
-    from dicepipe.harness.verdict import named_protocol
+    from kernelharness import HarnessSession, HarnessSettings
+    from dicepipe.judgement import named_protocol
     from dicepipe.model.loading import load_saved
     from dicepipe.model.tokenizer import prompt_ids
     from dicepipe.train.rl_reward import KernelReward, Rollout

@@ -60,11 +60,24 @@ class _Module:
 class ParamsReads:
     """Reads of one stage: `ParamsReads(package_dir).stage("verify")` -> set of paths."""
 
-    def __init__(self, package_dir: Path):
+    def __init__(self, package_dir: Path, harness_dir: Path | None = None):
         from dicepipe.deps import module_file
 
         self.package_dir = Path(package_dir)
-        self._module_file = module_file
+        # the harness package's code is read too (HarnessSettings.from_params reads params)
+        self.harness_dir = Path(harness_dir) if harness_dir else (
+            Path(__file__).resolve().parent.parent / "harness" / "src" / "kernelharness")
+
+        def find(name: str, package_dir: Path):
+            if name.split(".")[0] == "kernelharness":
+                base = self.harness_dir.joinpath(*name.split(".")[1:])
+                for candidate in (base / "__init__.py", base.with_suffix(".py")):
+                    if candidate.is_file():
+                        return candidate
+                return None
+            return module_file(name, package_dir)
+
+        self._module_file = find
         self._modules: dict[str, _Module] = {}
 
     # --- the package's functions, classes and imports -------------------------------------

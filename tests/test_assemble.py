@@ -7,7 +7,7 @@ import pytest
 from dicepipe.data import assemble
 from dicepipe.data.infill import split_for_infilling
 from dicepipe.data.prompts import end_to_end_prompt
-from dicepipe.harness.verdict import Protocol, named_protocol
+from dicepipe.judgement import Protocol, named_protocol
 
 KB = named_protocol("strict")  # assemble's and augment's default
 

@@ -12,7 +12,7 @@ from dicepipe.augment.records import (
 )
 from dicepipe.augment.shapes import BlockShape
 from dicepipe.augment.tasks import Task
-from dicepipe.harness.verdict import named_protocol
+from dicepipe.judgement import named_protocol
 
 KB = named_protocol("strict")  # assemble's and augment's default
 

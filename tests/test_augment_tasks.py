@@ -13,7 +13,7 @@ from dicepipe.augment.authors import make_author
 from dicepipe.augment.authors.templates import SPECS, TemplateAuthor, candidate_file
 from dicepipe.augment.shapes import resolve_shape
 from dicepipe.data.infill import split_for_infilling
-from dicepipe.harness.static_checks import static_flags
+from kernelharness.static_checks import static_flags
 
 
 @pytest.fixture(scope="module")

@@ -10,7 +10,7 @@ from dicepipe.augment import generate_tasks
 from dicepipe.augment.authors.templates import TemplateAuthor
 from dicepipe.augment.loop import job_id
 from dicepipe.data import extract
-from dicepipe.harness import FLAG_COLUMNS, HarnessSettings, Job, evaluate
+from kernelharness import FLAG_COLUMNS, HarnessSettings, Job, evaluate
 
 
 @pytest.mark.slow

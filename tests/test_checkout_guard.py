@@ -1,6 +1,6 @@
 """A stage refuses to run another checkout's code: rules call the `dicepipe` on PATH, so with
 the package installed from one checkout, a second checkout's stages would run the first's code
-while Snakemake and DVC track the second's files (issue 23, point 8)."""
+while Snakemake and DVC track the second's files."""
 
 from __future__ import annotations
 

@@ -22,7 +22,7 @@ from dicepipe.evaluation.literature import (
     paper_table_for,
 )
 from dicepipe.evaluation.report import compare_rows
-from dicepipe.harness.verdict import named_protocol
+from dicepipe.judgement import named_protocol
 from dicepipe.stages.evaluate import _write_compare
 
 RECIPE = Path(__file__).resolve().parents[2] / "shared" / "reference" / "dice-recipe.md"

@@ -8,8 +8,8 @@ import math
 
 import pytest
 from dicepipe.evaluation.metrics import pass_at_k, summarize
-from dicepipe.harness.results import FLAG_COLUMNS
-from dicepipe.harness.verdict import named_protocol
+from kernelharness.results import FLAG_COLUMNS
+from dicepipe.judgement import named_protocol
 
 PROFILES = [named_protocol("kernelbench"), named_protocol("kernelbench_v0")]
 

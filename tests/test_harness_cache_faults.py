@@ -15,12 +15,12 @@ import textwrap
 import pyarrow.parquet as pq
 import pytest
 from dicepipe.cli import main
-from dicepipe.harness import HarnessSession, evaluate
-from dicepipe.harness.build.buildspec import check_build
-from dicepipe.harness.build.entries import write_checked
-from dicepipe.harness.results import ResultStore, empty_row, finish_row
-from dicepipe.harness.session import REMEASURE_ENV, remeasure_asked
-from test_harness_helpers import RELU_REF, by_id, job, python_candidate, settings
+from kernelharness import HarnessSession, evaluate
+from kernelharness.compilation.buildspec import check_build
+from kernelharness.compilation.entries import write_checked
+from kernelharness.results import ResultStore, empty_row, finish_row
+from kernelharness.session import REMEASURE_ENV, remeasure_asked
+from kernelharness.testing import RELU_REF, by_id, job, python_candidate, settings
 
 TINY_EXTENSION = textwrap.dedent('''
     import torch

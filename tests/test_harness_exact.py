@@ -16,9 +16,9 @@ from __future__ import annotations
 import textwrap
 
 import pytest
-from dicepipe.harness import DYNAMIC_FLAGS, FLAG_COLUMNS, evaluate
-from dicepipe.harness.verdict import BUILTIN_PROTOCOLS, is_correct, named_protocol
-from test_harness_helpers import RELU_REF, by_id, extension_candidate, job, settings
+from kernelharness import DYNAMIC_FLAGS, FLAG_COLUMNS, evaluate
+from dicepipe.judgement import BUILTIN_PROTOCOLS, is_correct, named_protocol
+from kernelharness.testing import RELU_REF, by_id, extension_candidate, job, settings
 
 # One extension for every exact-output case. The embedding asserts its indices are in range
 # (as a CUDA kernel's device assert would) instead of handling them: it trusts its inputs to
@@ -210,7 +210,7 @@ def test_structure_of_the_drawn_inputs_survives_every_variant(rows, name):
 
 def test_variants_keep_zeros_and_equal_values():
     import torch
-    from dicepipe.harness.worker.correctness import VARIANTS, apply_variant
+    from kernelharness.worker.correctness import VARIANTS, apply_variant
 
     torch.manual_seed(0)
     a = torch.rand(64, 64)

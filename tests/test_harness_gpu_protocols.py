@@ -10,9 +10,9 @@ protocol, and a job after them on the same session runs on a healthy worker.
 from __future__ import annotations
 
 import pytest
-from dicepipe.harness import HarnessSession
-from dicepipe.harness.verdict import BUILTIN_PROTOCOLS, judge, named_protocol
-from test_harness_helpers import RELU_REF, by_id, job, settings
+from kernelharness import HarnessSession
+from dicepipe.judgement import BUILTIN_PROTOCOLS, judge, named_protocol
+from kernelharness.testing import RELU_REF, by_id, job, settings
 
 pytestmark = pytest.mark.gpu
 

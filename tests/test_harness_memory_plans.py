@@ -9,11 +9,11 @@ import math
 import pytest
 import torch
 from dicepipe.evaluation.scoring import reference_status
-from dicepipe.harness.worker import correctness as C
-from dicepipe.harness.worker import device_job
-from dicepipe.harness.worker import memory_plans as M
-from dicepipe.harness.worker import trials as T
-from dicepipe.harness.worker.kb_trials import run_kernelbench_trials
+from kernelharness.worker import correctness as C
+from kernelharness.worker import device_job
+from kernelharness.worker import memory_plans as M
+from kernelharness.worker import trials as T
+from kernelharness.worker.kb_trials import run_kernelbench_trials
 from torch import nn
 
 SETTINGS = {"max_tolerance": 0.01, "correct_trials": 5}
@@ -269,7 +269,7 @@ class _Context:
     """What run_job needs of a device worker's context, in this process."""
 
     def __init__(self, folder):
-        from dicepipe.harness.worker.guards import ThreadWatch
+        from kernelharness.worker.guards import ThreadWatch
 
         self.device, self.toolchain, self.extensions = "cpu", {}, {}
         self.cache = self.folder = self.job_folder = folder
@@ -300,7 +300,7 @@ def get_init_inputs():
 
 def job_row(tmp_path, ref_short: str, cand_short: str, device: str = "cpu",
             shape: str = "16, 40", kb_trials: int = 5, measure_speed: bool = False) -> dict:
-    from dicepipe.harness import HarnessSettings
+    from kernelharness import HarnessSettings
 
     settings = HarnessSettings.with_defaults(
         correct_trials=5, kernelbench_trials=kb_trials, warmup_trials=1, timing_trials_cpu=10,
@@ -331,7 +331,7 @@ def test_a_job_names_whose_memory_ran_out(tmp_path):
 
 
 def test_timing_short_of_room_is_skipped_unless_the_candidate_ran_out(tmp_path, monkeypatch):
-    from dicepipe.harness.worker import measure
+    from kernelharness.worker import measure
 
     # 5 KernelBench trials and 10 strict calls of the candidate, then timing's
     blamed = job_row(tmp_path, "False", "len(CALLS) > 15", measure_speed=True)
@@ -350,8 +350,8 @@ def test_timing_short_of_room_is_skipped_unless_the_candidate_ran_out(tmp_path, 
 
 
 def test_rows_that_ran_out_of_memory_without_a_plan_are_measured_again():
-    from dicepipe.harness.results import empty_row, finish_row
-    from dicepipe.harness.session import _reusable
+    from kernelharness.results import empty_row, finish_row
+    from kernelharness.session import _reusable
 
     row = finish_row(dict(empty_row("j", "cuda"), content_key="k"))
     assert _reusable(row, "k")
@@ -364,8 +364,8 @@ def test_rows_that_ran_out_of_memory_without_a_plan_are_measured_again():
 
 
 def test_score_names_harness_limited_tasks_apart():
-    from dicepipe.harness.results import empty_row, finish_row, rows_to_table
-    from dicepipe.harness.verdict import BUILTIN_PROTOCOLS
+    from kernelharness.results import empty_row, finish_row, rows_to_table
+    from dicepipe.judgement import BUILTIN_PROTOCOLS
     from dicepipe.stages.score import summarize
 
     ok = finish_row(dict(empty_row("relu", "cuda"), compiled=True, correct=True,

@@ -16,7 +16,7 @@ import sysconfig
 from pathlib import Path
 
 import pytest
-from dicepipe.harness.build import preludes
+from kernelharness.compilation import preludes
 
 CU = """#include <torch/types.h>
 #include <cuda.h>
@@ -145,8 +145,8 @@ def _load(path: Path, name: str):
 @pytest.mark.skipif(shutil.which("c++") is None, reason="needs a C++ compiler")
 def test_cpu_extension_builds_minimal_and_falls_back_when_it_needs_more(tmp_path):
     import torch
-    from dicepipe.harness.build.builder import build_spec
-    from dicepipe.harness.build.buildspec import normalize_spec, so_path
+    from kernelharness.compilation.builder import build_spec
+    from kernelharness.compilation.buildspec import normalize_spec, so_path
 
     def spec(body: str) -> dict:
         return normalize_spec({"name": "m", "cpp_sources": [body], "functions": ["twice"]})
@@ -199,8 +199,8 @@ def test_binding_block_is_read_as_load_inline_writes_it():
 @pytest.mark.skipif(shutil.which("c++") is None, reason="needs a C++ compiler")
 def test_binding_check_fails_what_fails_as_written_and_nothing_else(tmp_path):
     import torch
-    from dicepipe.harness.build.builder import build_spec
-    from dicepipe.harness.build.buildspec import normalize_spec, so_path
+    from kernelharness.compilation.builder import build_spec
+    from kernelharness.compilation.buildspec import normalize_spec, so_path
 
     cache = tmp_path / "cache"
 

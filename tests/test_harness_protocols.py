@@ -11,9 +11,9 @@ import math
 
 import pytest
 import torch
-from dicepipe.harness import HarnessSession, HarnessSettings, Job
-from dicepipe.harness.verdict import BUILTIN_PROTOCOLS, judge, named_protocol
-from dicepipe.harness.worker.kb_trials import trial_seeds
+from kernelharness import HarnessSession, HarnessSettings, Job
+from dicepipe.judgement import BUILTIN_PROTOCOLS, judge, named_protocol
+from kernelharness.worker.kb_trials import trial_seeds
 
 PROTOCOLS = tuple(BUILTIN_PROTOCOLS)
 
@@ -189,7 +189,7 @@ class _FakeWorker:
 
 
 def test_a_fatal_probe_marks_the_variant_and_goes_on_on_a_fresh_worker():
-    from dicepipe.harness.reference_plans import ReferencePlans
+    from kernelharness.reference_plans import ReferencePlans
 
     plans, worker = ReferencePlans(), _FakeWorker()
     settings = HarnessSettings.with_defaults().to_wire()

@@ -6,8 +6,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from dicepipe.cli import main
-from dicepipe.harness import RESULT_SCHEMA
-from test_harness_helpers import IDENTITY_REF, RELU_REF, python_candidate
+from kernelharness import RESULT_SCHEMA
+from kernelharness.testing import IDENTITY_REF, RELU_REF, python_candidate
 
 GOOD = python_candidate("return x.clamp_min(0)")
 WRONG = python_candidate("return x")  # identity: right only on non-negative inputs

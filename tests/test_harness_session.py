@@ -1,5 +1,5 @@
 """The harness session: warm workers, de-duplication, correctness-only mode, resume by
-content, worker hygiene, visible GPUs and honest bookkeeping (issue 11, items 5, 7, 9-11)."""
+content, worker hygiene, visible GPUs and honest bookkeeping."""
 
 from __future__ import annotations
 
@@ -11,12 +11,12 @@ from dataclasses import fields, replace
 
 import pytest
 from dicepipe.errors import HarnessError
-from dicepipe.harness import FLAG_COLUMNS, HarnessSession, HarnessSettings, evaluate, hygiene
-from dicepipe.harness.build.buildspec import local_cuda_arch
-from dicepipe.harness.gpus import nvidia_smi_selector, visible_list, worker_device_ids
-from dicepipe.harness.settings import MEASUREMENT_FIELDS, OPERATIONAL_FIELDS
-from dicepipe.harness.worker.sandbox import scrubbed_env
-from test_harness_helpers import RELU_REF, by_id, job, python_candidate, reference, settings
+from kernelharness import FLAG_COLUMNS, HarnessSession, HarnessSettings, evaluate, hygiene
+from kernelharness.compilation.buildspec import local_cuda_arch
+from kernelharness.gpus import nvidia_smi_selector, visible_list, worker_device_ids
+from kernelharness.settings import MEASUREMENT_FIELDS, OPERATIONAL_FIELDS
+from kernelharness.worker.sandbox import scrubbed_env
+from kernelharness.testing import RELU_REF, by_id, job, python_candidate, reference, settings
 
 GOOD = python_candidate("return x.clamp_min(0)")
 WRONG = python_candidate("return x")
@@ -52,7 +52,7 @@ def test_the_split_is_params_yaml_harness_measure_and_run():
 def test_one_rule_names_the_stored_results(tmp_path):
     """harness.stored_results: one store per measurement setup; a run-only setting shares it,
     a measurement setting (or the caller's repeats and thresholds) gets its own."""
-    from dicepipe.harness import stored_results
+    from kernelharness import stored_results
 
     base = settings(tmp_path)
     path = stored_results(tmp_path / "resume", "1-of-2", base)
@@ -139,7 +139,7 @@ def test_arch_detection_asks_only_about_visible_gpus(tmp_path, monkeypatch):
 
 
 def test_device_workers_map_logical_to_physical(tmp_path, monkeypatch):
-    from dicepipe.harness import orchestrator
+    from kernelharness import orchestrator
 
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2,3")
     monkeypatch.setattr(orchestrator, "visible_count", lambda: 2)
@@ -266,7 +266,7 @@ def test_progress_counts_builds_as_they_finish():
     """The bar's postfix says how many of this call's builds are done (cold shards)."""
     from types import SimpleNamespace
 
-    from dicepipe.harness.orchestrator import Batch
+    from kernelharness.orchestrator import Batch
 
     shown = []
     bar = SimpleNamespace(set_postfix_str=lambda text, refresh=True: shown.append(text))

@@ -1,4 +1,4 @@
-"""The harness's stream of jobs (issue 25, item 1): every call feeds one pipeline of
+"""The harness's stream of jobs: every call feeds one pipeline of
 preparation (builds) and device work, so a later call's builds start while an earlier call's
 slowest build still runs; identical jobs in flight are measured once; rejections that need no
 build cost none. Logic only: preparation and device runs are replaced by controllable stand-ins
@@ -10,14 +10,14 @@ import threading
 from concurrent.futures import Future
 
 import pytest
-from dicepipe.harness import HarnessSession
-from dicepipe.harness.orchestrator import Batch
-from dicepipe.harness.rows import Prepared, prepared_failure
-from dicepipe.harness.static_checks import static_flags
-from dicepipe.harness.verdict import named_protocol
+from kernelharness import HarnessSession
+from kernelharness.orchestrator import Batch
+from kernelharness.rows import Prepared, prepared_failure
+from kernelharness.static_checks import static_flags
+from dicepipe.judgement import named_protocol
 from dicepipe.train.rl_reward import KernelReward, Rollout
 from dicepipe.train.rl_tasks import Task
-from test_harness_helpers import HONEST_RELU, RELU_REF, by_id, job, python_candidate, settings
+from kernelharness.testing import HONEST_RELU, RELU_REF, by_id, job, python_candidate, settings
 
 GOOD = python_candidate("return x.clamp_min(0)")
 WRONG = python_candidate("return x")
@@ -58,8 +58,8 @@ def _collector():
 
 
 def test_a_later_call_does_not_wait_for_an_earlier_calls_slowest_build(tmp_path):
-    """Call 1's job `slow` is still building; call 2 (`run`, blocking) finishes its own jobs
-    meanwhile, and `slow`'s row arrives once its build ends."""
+    """The first call's job `slow` is still building; the second call (`run`, blocking)
+    finishes its own jobs meanwhile, and `slow`'s row arrives once its build ends."""
     batch = Batch(settings(tmp_path), ["cpu"])
     try:
         gate = Gate(batch, held={"slow"})

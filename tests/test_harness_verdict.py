@@ -6,7 +6,7 @@ import math
 
 import pytest
 from dicepipe.errors import HarnessError
-from dicepipe.harness.verdict import (
+from dicepipe.judgement import (
     is_correct,
     is_faster,
     judge,
@@ -14,7 +14,7 @@ from dicepipe.harness.verdict import (
     verdict,
 )
 
-from dicepipe.harness.verdict import Protocol
+from dicepipe.judgement import Protocol
 
 # the strict check at KernelBench main's tolerances, and the same check at 1e-2
 KB = named_protocol("strict")

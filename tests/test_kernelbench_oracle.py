@@ -32,9 +32,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from dicepipe.harness.verdict import judge, named_protocol
-from dicepipe.harness.worker import kb_trials
-from dicepipe.harness.worker.correctness import allclose_tolerance, output_precision
+from dicepipe.judgement import judge, named_protocol
+from kernelharness.worker import kb_trials
+from kernelharness.worker.correctness import allclose_tolerance, output_precision
 from torch import nn
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -376,7 +376,7 @@ def test_differential_child_probe_equals_separate_runs(kb_eval, tmp_path, name):
 
 def test_differential_names_an_out_of_memory_side():
     """A disagreement where either side ran out of memory (KernelBench's jobs and our workers
-    sharing one GPU: session 10's level-1 run) says so instead of 'unexplained'."""
+    sharing one GPU, as in the first concurrent level-1 run) says so instead of 'unexplained'."""
     diff = _differential()
     record = {"ours_compiled": True, "ours_kernelbench": "accepted", "ours_kernelbench_v0": "accepted",
               "kb_compiled_0.0001": True, "kb_correct_0.0001": False, "kb_compiled_0.01": True,
@@ -401,9 +401,10 @@ def _differential():
 
 
 def test_differential_names_our_limits_and_counts_only_reached_reruns(tmp_path):
-    """Session 12's level 1: L1/45 failed our worker's host memory limit (KernelBench has
-    none); a re-run budget that ended before L1/59 must not call its difference "reproduced";
-    and the tables can be rebuilt from a saved results file on a machine without a GPU."""
+    """Level 1 as first run to the end on both sides: L1/45 failed our worker's host memory
+    limit (KernelBench has none); a re-run budget that ended before L1/59 must not call its
+    difference "reproduced"; and the tables can be rebuilt from a saved results file on a
+    machine without a GPU."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -440,7 +441,7 @@ def test_differential_names_our_limits_and_counts_only_reached_reruns(tmp_path):
 def test_one_test_of_max_tolerance():
     """worker/correctness.within_max_tolerance: the one comparison every worker path uses
     (trials, the KernelBench gate to timing, timed outputs, the post-timing check)."""
-    from dicepipe.harness.worker.correctness import within_max_tolerance
+    from kernelharness.worker.correctness import within_max_tolerance
 
     settings = {"max_tolerance": 0.01}
     assert within_max_tolerance(0.0, settings) and within_max_tolerance(0.01, settings)

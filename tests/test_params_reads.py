@@ -1,4 +1,4 @@
-"""Every stage tracks every params key it reads (issue 24): the keys its code reads, found by
+"""Every stage tracks every params key it reads: the keys its code reads, found by
 tests/params_reads.py from `run(args, params)` through the stage's import closure, are all
 covered by the keys its DVC stage lists under `params:`, in dvc.yaml and real/dvc.yaml alike
 (tests/test_parity.py keeps the Snakemake rule's `tracked(...)` equal to those). A stage that
@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 from dag_tools import DVC_FILES
+from dicepipe.deps import HARNESS_METHOD_FILE
 from params_reads import STAR, ParamsReads, covered, dotted, schema_holds
 
 # Never tracked by design: where and how fast harness rows are made (harness.run) and what a
@@ -48,6 +49,8 @@ def dvc_tracking(dvc_yaml: Path) -> dict[str, tuple[str, set[tuple]]]:
         tracked = set()
         for entry in body.get("params", []) or []:
             if isinstance(entry, dict):
+                if HARNESS_METHOD_FILE in entry:  # the harness's method version, not params.yaml
+                    continue
                 tracked |= {()} if "params.yaml" in entry else {_key(k) for k in entry}
             else:
                 tracked.add(_key(entry))

@@ -243,7 +243,7 @@ def learning_failures(ws: Path, scale: str = "tiny", min_val_tasks: int = 6) -> 
 
 
 def test_the_tiny_run_learns(snake_workspace):
-    """Issue 39's chain on the shared run: the tiny base copies a reference's steps into a
+    """The learning chain on the shared run: the tiny base copies a reference's steps into a
     kernel, so rollouts differ in reward and both RL stages update (learning_failures). Shown
     failing by hand with rl.overrides.tiny.learning_rate 0 (DESIGN.md, "The tiny scale")."""
     assert not learning_failures(snake_workspace)
@@ -265,7 +265,7 @@ def test_no_split_holds_a_benchmark_task_or_solution(snake_workspace):
     assert texts and not leaks(texts)
 
 
-# Exact tracking (issue 14): run-only harness settings re-run nothing, measurement settings
+# Exact tracking: run-only harness settings re-run nothing, measurement settings
 # re-run verification and what follows, and each scale re-runs only for its own entries.
 RUN_ONLY_EDITS = {
     "harness.run.cache_dir": lambda p: p["harness"]["run"].__setitem__("cache_dir", ".cache/other"),

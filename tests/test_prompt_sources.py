@@ -228,7 +228,7 @@ def test_a_source_prompt_reaches_sft_verbatim():
     it); a source without prompts gets the project's wording."""
     from dicepipe.data import assemble
     from dicepipe.data.prompts import end_to_end_prompt
-    from dicepipe.harness.verdict import named_protocol
+    from dicepipe.judgement import named_protocol
     from dicepipe.stages.ingest import normalise_record
 
     prompt = ("You write custom CUDA kernels ...  \n\n    You are given the following architecture: \n\n"

@@ -1,4 +1,4 @@
-"""Re-planning on a finished default run, without running a stage (issue 23, points 1-3).
+"""Re-planning on a finished default run, without running a stage.
 
 A copy of the workflow with the shipped seed data gets stand-in outputs for every stage of
 the default chain (plain `snakemake`'s jobs, dvc.yaml's stages), recorded as finished by both

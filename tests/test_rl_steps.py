@@ -113,7 +113,7 @@ def _rollout(code):
 
 
 def test_kernel_reward_uses_the_robust_verdict_and_profile():
-    from dicepipe.harness.verdict import named_protocol
+    from dicepipe.judgement import named_protocol
 
     base = {"compiled": True, "correct": True, "output_precision": "fp32", "speedup_low": 3.0}
     rows = {"good": {**base, "tolerance_needed": 1e-6, "flag_calls_reference": False},

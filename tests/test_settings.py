@@ -1,4 +1,4 @@
-"""The schema is the one home of every default (issue 24): a params.yaml whose sections are
+"""The schema is the one home of every default: a params.yaml whose sections are
 empty (the least the schema requires) builds every settings object with the schema's
 defaults, through the one resolver (config.stage_settings); and no dataclass built from
 params carries a default of its own for a params-backed field."""
@@ -57,7 +57,7 @@ def test_every_settings_object_from_empty_sections_takes_the_schemas_defaults(mi
     from dicepipe.augment.authors import make_author
     from dicepipe.config import schema_defaults, stage_settings
     from dicepipe.model.generate import GenerationSettings
-    from dicepipe.harness import HarnessSettings
+    from kernelharness import HarnessSettings
 
     # the harness: every params-backed field is the schema's
     harness = dataclasses.asdict(HarnessSettings.from_params(minimal["harness"]))
@@ -110,7 +110,7 @@ def test_the_resolver_layers_defaults_stage_and_scale(params):
 
 def test_harness_settings_name_an_unknown_key(params):
     from dicepipe.errors import HarnessError
-    from dicepipe.harness import HarnessSettings
+    from kernelharness import HarnessSettings
 
     with pytest.raises(HarnessError, match=r"harness.measure: unknown keys \['bogus'\]"):
         HarnessSettings.from_params({"measure": {"bogus": 1}})
@@ -196,12 +196,12 @@ def _all_sections() -> dict[str, set[str]]:
     return found
 
 
-def default_problems(package: Path) -> list[str]:
+def default_problems(*packages: Path) -> list[str]:
     """Params-backed dataclass fields with a default of their own, and dataclasses that look
-    built from params but are in neither list."""
+    built from params but are in neither list (over the pipeline's and the harness's code)."""
     sections = _all_sections()
     found, problems = set(), []
-    for path, name, fields, methods in _dataclasses(package):
+    for path, name, fields, methods in (d for package in packages for d in _dataclasses(package)):
         found.add(name)
         overlap = max((len(set(fields) & keys) for keys in sections.values()), default=0)
         looks_backed = "from_params" in methods or (overlap >= 4 and 2 * overlap >= len(fields))
@@ -220,7 +220,8 @@ def default_problems(package: Path) -> list[str]:
 
 
 def test_no_params_backed_dataclass_field_has_a_default(repo_root):
-    problems = default_problems(repo_root / "workflow" / "dicepipe")
+    problems = default_problems(repo_root / "workflow" / "dicepipe",
+                                repo_root / "harness" / "src" / "kernelharness")
     assert not problems, "\n".join(problems)
 
 
@@ -238,14 +239,14 @@ def test_the_scan_finds_a_default_written_outside_the_schema(repo_root, tmp_path
         "from dataclasses import dataclass\n\n\n@dataclass\nclass SFTSettings:\n"
         "    epochs: int = 3\n\n    @classmethod\n    def from_params(cls, values):\n"
         "        return cls(**values)\n")
-    problems = default_problems(package)
+    problems = default_problems(package, repo_root / "harness" / "src" / "kernelharness")
     assert any("GenerationSettings.batch_size = 32" in p for p in problems), problems
     assert any("SFTSettings is built from params" in p for p in problems), problems
 
 
 def test_with_defaults_and_the_sft_filler_are_the_schemas(params):
     from dicepipe.config import schema_defaults
-    from dicepipe.harness import HarnessSettings
+    from kernelharness import HarnessSettings
     from dicepipe.train.sft import with_defaults
 
     assert with_defaults({}) == schema_defaults("sft", "defaults")

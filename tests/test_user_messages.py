@@ -1,4 +1,4 @@
-"""Messages that say what is wrong and what fixes it (issue 23, point 7): a truncated Parquet,
+"""Messages that say what is wrong and what fixes it: a truncated Parquet,
 a candidate file that is not UTF-8, a YAML syntax error in params.yaml (under dicepipe and
 under Snakemake), a target naming an unknown scale, references with no candidate."""
 
@@ -16,7 +16,7 @@ from dicepipe.config import load_params
 from dicepipe.data.schema import SFT_SCHEMA, empty_table, read_table, write_table
 from dicepipe.errors import ConfigError, StageInputError
 from dicepipe.evaluation.kernel_files import read_folder
-from test_harness_helpers import RELU_REF
+from kernelharness.testing import RELU_REF
 
 NOT_UTF8 = b"# caf\xe9 kernel\nclass ModelNew: pass\n"
 

@@ -15,7 +15,7 @@ import os
 import sys
 from pathlib import Path
 
-from .errors import DicepipeError
+from .errors import DicepipeError, HarnessError
 
 # subcommand -> (module under dicepipe.stages, one-line help)
 STAGES: dict[str, tuple[str, str]] = {
@@ -119,7 +119,7 @@ def main(argv: list[str] | None = None) -> int:
 
         params = load_params(args.params)
         return int(args._module.run(args, params) or 0)
-    except DicepipeError as exc:
+    except (DicepipeError, HarnessError) as exc:
         log.error("%s", exc)
         return 2
     except KeyboardInterrupt:

@@ -36,8 +36,13 @@ def _schema() -> dict:
 
 @functools.lru_cache(maxsize=4)
 def _read_schema(path: str, mtime_ns: int, size: int) -> dict:
+    from kernelharness.schema import settings_schema
+
     with open(path) as fh:
-        return yaml.safe_load(fh)
+        schema = yaml.safe_load(fh)
+    # the `harness` section is the harness package's own schema (its defaults live there)
+    schema["$defs"]["harness"] = settings_schema()
+    return schema
 
 
 def _key_path(error) -> str:

@@ -49,7 +49,7 @@ def _resolve_relative(current: str, is_package: bool, level: int, module: str | 
 def direct_imports(path: Path, package_dir: Path = PACKAGE_DIR) -> set[str]:
     """Package modules a file imports anywhere in its body (function-local imports count: a
     stage imports torch-heavy code inside `run`), plus modules it starts by name
-    (`python -m dicepipe.harness.worker.main` as a string constant)."""
+    (`python -m kernelharness.worker.main` as a string constant)."""
     name = _module_name(path, package_dir)
     is_package = path.name == "__init__.py"
     found: set[str] = set()
@@ -107,14 +107,29 @@ def uncovered(files: list[str], deps: list[str]) -> list[str]:
             if not any(f == d or f.startswith(d.rstrip("/") + "/") for d in deps)]
 
 
-def harness_param_keys() -> list[str]:
-    """The params keys of the harness that change what a verify/augment/evaluate row or an RL
-    reward says: `harness.measure`, tracked whole by every stage that measures (and the key a
-    stored row is reused under, harness.session.stored_results). `harness.run` (cache folder,
-    build workers, precompiled headers, build timeout) only changes how a row is made: neither
-    runner tracks it, so changing it re-runs nothing. How a row is judged (`robust`) is each
-    judging stage's own key, tracked with its section."""
-    from .config import load_schema
+# What a row means beyond its settings: the harness's method version (kernelharness/method.py),
+# tracked by every measuring stage in both runners instead of the harness's source files (a
+# package of its own, outside every stage's import closure). Snakemake tracks it as this
+# pseudo key among a rule's params; DVC reads the constant from the file, a Python params file.
+HARNESS_METHOD_KEY = "kernelharness.METHOD_VERSION"
+HARNESS_METHOD_FILE = "harness/src/kernelharness/method.py"
 
-    section = load_schema()["properties"]["harness"]["properties"]
-    return [f"harness.{name}" for name in section if name == "measure"]
+
+def harness_param_keys() -> list[str]:
+    """What a verify/augment/evaluate row or an RL reward depends on, as tracked keys: the
+    params of the harness that change a row (`harness.measure`, tracked whole; the key a
+    stored row is reused under, kernelharness.session.stored_results) and the harness's
+    method version (HARNESS_METHOD_KEY). `harness.run` (cache folder, build workers,
+    precompiled headers, build timeout) only changes how a row is made: neither runner tracks
+    it, so changing it re-runs nothing. How a row is judged (`robust`) is each judging stage's
+    own key, tracked with its section."""
+    from kernelharness.schema import settings_schema
+
+    section = settings_schema()["properties"]
+    return [f"harness.{name}" for name in section if name == "measure"] + [HARNESS_METHOD_KEY]
+
+
+def harness_method_version() -> int:
+    from kernelharness.method import METHOD_VERSION
+
+    return METHOD_VERSION

@@ -1,4 +1,5 @@
-"""One exception type per concern; the CLI catches `DicepipeError` once and prints it."""
+"""One exception type per concern; the CLI catches `DicepipeError` (and the harness's
+`HarnessError`) once and prints it."""
 
 
 class DicepipeError(Exception):
@@ -13,8 +14,9 @@ class SourceError(DicepipeError):
     """A corpus or benchmark source cannot be read."""
 
 
-class HarnessError(DicepipeError):
-    """The kernel harness cannot run (bad job input, unusable backend)."""
+# The harness's own error (a package of its own, so not a DicepipeError); the CLI prints it
+# as one of ours. Named here so a stage catches it with the pipeline's errors.
+from kernelharness.errors import HarnessError  # noqa: E402,F401
 
 
 class ModelError(DicepipeError):

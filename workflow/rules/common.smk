@@ -7,10 +7,14 @@ import yaml
 
 import dicepipe.config as dicepipe_config
 from dicepipe.cluster import job_resources
-from dicepipe.deps import harness_param_keys, stage_code
+from dicepipe.deps import (
+    HARNESS_METHOD_KEY,
+    harness_method_version,
+    harness_param_keys,
+    stage_code,
+)
 from dicepipe.generations import Generations
 from snakemake.io import strip_wildcard_constraints
-from snakemake.utils import validate
 
 # Both runners must read the same values: the CLI reads params.yaml itself, so a value set
 # with --config/--configfile would reach Snakemake's bookkeeping but not the stage.
@@ -33,18 +37,19 @@ def canonical(value):
     return value
 
 
-# The package's own check first: its message names the key, the value and the rule broken
-# ("must be greater than 0"); then Snakemake's, which fills the schema's defaults into config.
+# The package's own check: its message names the key, the value and the rule broken ("must be
+# greater than 0"); config gets the schema's defaults filled in (the schema includes the
+# harness package's, so it is not one file Snakemake's own validate could read).
 # The rules track RESOLVED: what the stages read (params.yaml with the schema's defaults).
 RESOLVED = canonical(dicepipe_config.validate_params(config, "params.yaml"))
-validate(config, str(dicepipe_config.SCHEMA_PATH))
+config.update(dicepipe_config.validate_params(config, "params.yaml"))
 
 SCALES = list(config["scales"])
 CORPORA = list(config["corpora"])
 SHARDS = list(config["verify"]["shards"])
-# The harness settings that change a measurement (harness.measure, tracked whole); the rest
-# (harness.run: cache folder, build workers, precompiled headers, build timeout) is never
-# tracked.
+# What a measurement depends on: harness.measure (tracked whole) and the harness's method
+# version (HARNESS_METHOD_KEY), never the harness's source files; the rest (harness.run: cache
+# folder, build workers, precompiled headers, build timeout) is never tracked.
 HARNESS_MEASUREMENT = harness_param_keys()
 
 
@@ -57,6 +62,8 @@ def lookup_key(dotted, wildcards):
         names["model"] = config["scales"][names["scale"]]["model"]
         names.setdefault("corpus", config["scales"][names["scale"]]["corpus"])
     key = dotted.format(**names)
+    if key == HARNESS_METHOD_KEY:
+        return key, harness_method_version()
     return key, dicepipe_config.lookup(RESOLVED, key)
 
 

@@ -102,7 +102,7 @@ def run_attempts(tasks: list[Task], author, settings: dict, harness_settings, wo
                  robust: bool, protocol) -> tuple[list[dict], dict[str, str]]:
     """Every attempt row (in task order, then attempt order) and the kept candidate file of
     each task that yielded one."""
-    from ..harness import Job, evaluate, stored_results
+    from kernelharness import Job, evaluate, stored_results
 
     work_dir.mkdir(parents=True, exist_ok=True)
     journal = DraftJournal(work_dir / "draft_journal.jsonl", author.fingerprint())

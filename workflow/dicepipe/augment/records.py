@@ -16,7 +16,7 @@ from collections import Counter
 
 import pyarrow as pa
 
-from ..harness.verdict import Protocol, judge
+from ..judgement import Protocol, judge
 
 ATTEMPT_SCHEMA = pa.schema([
     pa.field("task_id", pa.string(), nullable=False),

@@ -15,7 +15,7 @@ from collections import Counter
 from . import prompts
 from .extract import normalise_code
 from .infill import split_for_infilling
-from ..harness.verdict import Protocol, judge
+from ..judgement import Protocol, judge
 
 STRUCTURAL_LEVEL = 3
 

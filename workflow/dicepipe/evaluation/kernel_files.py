@@ -14,6 +14,8 @@ import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from kernelharness.programs import read_program
+
 from ..data import extract
 from ..errors import SourceError
 from .scoring import Candidate
@@ -52,19 +54,6 @@ def _relative(path: Path, base: Path, folder: Path) -> str:
         return str(path.resolve().relative_to(base.resolve()))
     except ValueError:
         return str(Path(folder.resolve().name) / path.resolve().relative_to(folder.resolve()))
-
-
-def read_program(path: Path) -> tuple[str | None, str]:
-    """A program file's text, or None and why not: one unreadable file is one failed row
-    with its reason, never the end of a run."""
-    try:
-        return path.read_text(encoding="utf-8"), ""
-    except UnicodeDecodeError as exc:
-        return None, (f"{path}: not UTF-8 text (byte 0x{exc.object[exc.start]:02x} at offset "
-                      f"{exc.start}). Save it as UTF-8 (e.g. `iconv -f latin1 -t utf-8`) and "
-                      "run again; the other files were scored.")
-    except OSError as exc:
-        return None, f"{path}: cannot be read ({exc.strerror}); the other files were scored."
 
 
 def read_folder(folder: Path, tasks: Sequence[Mapping], relative_to: Path) -> list[Candidate]:

@@ -30,7 +30,7 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from itertools import groupby
 
-from ..harness.verdict import Protocol, verdict
+from ..judgement import Protocol, verdict
 
 VERDICTS = (("plain", False), ("robust", True))
 

@@ -12,7 +12,7 @@ import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from ..harness.verdict import Protocol, verdict
+from ..judgement import Protocol, verdict
 from .metrics import VERDICTS, reference_usable
 
 TASK_COLUMNS = ("system", "task_id", "level", "problem_id", "name", "sample", "reference_ok",

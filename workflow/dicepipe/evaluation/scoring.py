@@ -37,7 +37,7 @@ def job_id(task_id: str, sample: int | str) -> str:
 
 def build_jobs(tasks: Sequence[Mapping], candidates: Iterable[Candidate], backend: str):
     """(reference-check jobs, candidate jobs); candidates without code get no job."""
-    from ..harness import Job
+    from kernelharness import Job
 
     by_id = {t["task_id"]: t for t in tasks}
     checks = [Job(job_id(t["task_id"], REFERENCE_SAMPLE), t["reference_code"],

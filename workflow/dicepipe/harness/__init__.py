@@ -1,34 +1,63 @@
-"""The kernel execution harness: sandboxed, cached, low-noise, hard to fool.
+"""Deprecated import path: the harness is the `kernelharness` package (harness/ in this
+repository), and the verdict over its rows is `dicepipe.judgement`. Importing
+`dicepipe.harness` or any module under it still works for this release, with a
+DeprecationWarning, and gives the new module itself:
 
-    from dicepipe.harness import Job, HarnessSettings, HarnessSession, evaluate, RESULT_SCHEMA
-
-`evaluate(jobs, settings, results_path=None, progress=True)` returns one RESULT_SCHEMA row per
-job; `HarnessSession(settings)` does the same for many calls with its workers kept warm
-(session.py). See orchestrator.py for the flow, and the modules it names for each part.
-
-The folders follow the processes the code runs in:
-  harness/         the host: the session and its orchestrator (threads, worker pools, the
-                   extraction and build services, reference plans), the handle on a worker
-                   process and the JSON channel to it, settings, rows and the results journal;
-                   and the pure judgement of a row every stage applies (verdict.py, stats.py),
-                   the static checks, GPU visibility and worker hygiene
-  harness/build/   the build subsystem, run in builder workers (its package docstring)
-  harness/worker/  what runs inside a sandboxed worker (its package docstring)
-build/ and worker/ never import the host's machinery.
+    dicepipe.harness               -> kernelharness
+    dicepipe.harness.verdict       -> dicepipe.judgement
+    dicepipe.harness.build[.x]     -> kernelharness.compilation[.x]
+    dicepipe.harness.<x>           -> kernelharness.<x>
 """
 
-from .session import HarnessSession, evaluate, stored_results
-from .results import DYNAMIC_FLAGS, FLAG_COLUMNS, RESULT_SCHEMA, STATIC_FLAGS
-from .settings import HarnessSettings, Job
+from __future__ import annotations
 
-__all__ = [
-           "DYNAMIC_FLAGS",
-           "FLAG_COLUMNS",
-           "RESULT_SCHEMA",
-           "STATIC_FLAGS",
-           "HarnessSession",
-           "HarnessSettings",
-           "Job",
-           "evaluate",
-           "stored_results",
-]
+import importlib
+import importlib.abc
+import importlib.util
+import sys
+import warnings
+
+from kernelharness import *  # noqa: F401,F403
+from kernelharness import __all__  # noqa: F401
+
+_OLD = __name__
+
+
+def new_name(old: str) -> str:
+    """The module an old `dicepipe.harness...` name now is."""
+    rest = old[len(_OLD):].lstrip(".")
+    if rest == "verdict":
+        return "dicepipe.judgement"
+    if rest == "build" or rest.startswith("build."):
+        rest = "compilation" + rest[len("build"):]
+    return "kernelharness" + ("." + rest if rest else "")
+
+
+class _Alias(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    """`import dicepipe.harness.x` gives the module `new_name` names (the same object)."""
+
+    def find_spec(self, name, path=None, target=None):
+        if name.startswith(_OLD + "."):
+            return importlib.util.spec_from_loader(name, self)
+        return None
+
+    def __init__(self):
+        self.specs: dict = {}
+
+    def create_module(self, spec):
+        warnings.warn(f"{spec.name} is deprecated: import {new_name(spec.name)}", DeprecationWarning,
+                      stacklevel=3)
+        module = importlib.import_module(new_name(spec.name))
+        self.specs[spec.name] = (module.__spec__, module.__loader__)
+        return module
+
+    def exec_module(self, module):
+        # the import system set the old name's spec on the module: give it back its own
+        module.__spec__, module.__loader__ = self.specs.pop(module.__spec__.name)
+
+
+if not any(isinstance(f, _Alias) for f in sys.meta_path):
+    sys.meta_path.insert(0, _Alias())
+
+warnings.warn("dicepipe.harness is deprecated: import kernelharness (the verdict is "
+              "dicepipe.judgement)", DeprecationWarning, stacklevel=2)

@@ -1,7 +1,7 @@
 """Exact model FLOPs of the decoder's work (pure counting; bench/model_train_mfu.py, the RL
 update in train/rl_update.py and bench/rl_train_mfu.py count with these).
 
-Convention (bench/README.md, "SFT step"): a multiply-add is 2 FLOPs; per token and layer the
+Convention (bench/README.md, "Model SFT step"): a multiply-add is 2 FLOPs; per token and layer the
 q, k, v, o projections and the three MLP matmuls; attention over the mask's allowed
 (query, key) pairs only (QK^T and PV: 4 x head_dim x heads per pair and layer); the output
 layer over the positions actually computed. Forward + backward is 3x the forward. Norms,

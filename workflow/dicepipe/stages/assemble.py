@@ -15,7 +15,7 @@ from ..data.assemble import assemble, kept_at_thresholds
 from ..data.schema import (RL_E2E_SCHEMA, RL_INFILL_SCHEMA, SAMPLE_SCHEMA, SFT_SCHEMA, VAL_SCHEMA,
                            read_parquet, read_table, write_table)
 from ..errors import StageInputError
-from ..harness.verdict import is_correct, named_protocol
+from ..judgement import is_correct, named_protocol
 
 log = logging.getLogger(__name__)
 SPLIT_SCHEMAS = {"sft": SFT_SCHEMA, "rl_infill": RL_INFILL_SCHEMA, "rl_e2e": RL_E2E_SCHEMA, "val": VAL_SCHEMA}

@@ -18,7 +18,7 @@ from pathlib import Path
 import pyarrow as pa
 
 from ..config import corpus_settings, corpus_spec
-from ..harness.verdict import named_protocol
+from ..judgement import named_protocol
 from ..data import extract
 from ..data.schema import SAMPLE_SCHEMA, write_table
 
@@ -56,7 +56,7 @@ def structural_rows(tasks, kept: dict[str, str], attempt_rows: list[dict]) -> li
 
 
 def _harness_settings(params: dict, settings: dict):
-    from ..harness import HarnessSettings
+    from kernelharness import HarnessSettings
 
     return HarnessSettings.from_params(params["harness"], repeats=settings["repeats"],
                                        decision_thresholds=(settings["speedup_threshold"],))

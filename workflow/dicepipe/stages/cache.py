@@ -28,7 +28,7 @@ def add_arguments(parser) -> None:
 
 
 def run(args, params: dict) -> int:
-    from ..harness.cache_check import (
+    from kernelharness.cache_check import (
         check_build_cache,
         check_resume_stores,
         prune_build_cache,

@@ -104,8 +104,8 @@ def run(args, params: dict) -> int:
     from ..evaluation.metrics import headline
     from ..evaluation.report import write_csv
     from ..evaluation.scoring import score
-    from ..harness import HarnessSession, HarnessSettings, stored_results
-    from ..harness.verdict import named_protocol
+    from kernelharness import HarnessSession, HarnessSettings, stored_results
+    from ..judgement import named_protocol
 
     scale = resolve_scale(params, args.scale)
     section = params["evaluate"]
@@ -166,7 +166,7 @@ def _write_system(name: str, records, generations, protocols, section, folder: P
     from ..data.schema import write_table
     from ..evaluation.metrics import summarize
     from ..evaluation.report import task_columns, task_rows, write_csv
-    from ..harness.results import rows_to_table
+    from kernelharness.results import rows_to_table
 
     write_csv(task_rows(records, name, protocols), folder / "tasks.csv", task_columns(protocols))
     if generations is not None:

@@ -54,7 +54,7 @@ def load_tasks(settings: dict, data: str, val: str, backend: str, params: dict |
 
 def harness_settings(params: dict, env):
     """The stage's session: on several ranks each rank's harness uses its own GPU only."""
-    from ..harness import HarnessSettings
+    from kernelharness import HarnessSettings
 
     settings = HarnessSettings.from_params(params["harness"])
     if env.distributed and env.device.type == "cuda":
@@ -68,8 +68,8 @@ def run_stage(args, params, stage: str) -> int:
     import torch
 
     from ..config import resolve_scale, stage_settings
-    from ..harness import HarnessSession
-    from ..harness.verdict import named_protocol
+    from kernelharness import HarnessSession
+    from ..judgement import named_protocol
     from ..model.loading import load_saved
     from ..model.manifest import check_model_folder
     from ..train.launch import relaunch_stage

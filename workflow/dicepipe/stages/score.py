@@ -14,16 +14,18 @@ says how many rows were reused.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
 from pathlib import Path
 
+from kernelharness.programs import FolderJobs, load_folder_jobs, load_pairs_jobs, unpaired_lines
+from kernelharness.programs import names_text as _names
+
 from ..errors import StageInputError
-from ..harness.verdict import named_protocol
+from ..judgement import named_protocol
 
 log = logging.getLogger(__name__)
-REFERENCE_COLUMNS = ("reference_code", "reference", "ref_code")
-CANDIDATE_COLUMNS = ("candidate_code", "candidate", "kernel_code", "kernel")
-ID_COLUMNS = ("job_id", "sample_id", "task_id", "name")
+# the loaders are the harness's own (kernelharness.programs), shared with `kernelharness score`
+__all__ = ["FolderJobs", "load_folder_jobs", "load_pairs_jobs", "run", "summarize",
+           "unpaired_lines"]
 
 
 def add_arguments(parser) -> None:
@@ -47,96 +49,10 @@ def add_arguments(parser) -> None:
                              "holds (also: DICEPIPE_REMEASURE=1)")
 
 
-@dataclass
-class FolderJobs:
-    """What a folder pair gives: jobs to run, rows for files that could not be read, and the
-    files of one folder with no partner in the other (named in the summary)."""
-
-    jobs: list
-    unreadable: list[dict] = field(default_factory=list)
-    no_reference: list[str] = field(default_factory=list)  # candidate files
-    no_candidate: list[str] = field(default_factory=list)  # reference files
-
-
-def load_folder_jobs(references: Path, candidates: Path, backend: str) -> FolderJobs:
-    from ..evaluation.kernel_files import read_program
-    from ..harness import Job
-    from ..harness.results import empty_row
-
-    if not references.is_dir():
-        raise StageInputError(f"--references {references}: no such folder.")
-    if not candidates.is_dir():
-        raise StageInputError(f"--candidates {candidates}: no such folder.")
-    found = FolderJobs(jobs=[])
-    names = {cand.name for cand in candidates.glob("*.py")}
-    found.no_candidate = sorted(ref.name for ref in references.glob("*.py")
-                                if ref.name not in names)
-    for cand in sorted(candidates.glob("*.py")):
-        ref = references / cand.name
-        if not ref.is_file():
-            found.no_reference.append(cand.name)
-            continue
-        reference_code, ref_error = read_program(ref)
-        candidate_code, cand_error = read_program(cand)
-        if ref_error or cand_error:
-            # a row with its reason, as the harness writes a failure of that phase
-            row = empty_row(cand.stem, backend)
-            row.update(error=ref_error or cand_error,
-                       error_phase="reference" if ref_error else "load")
-            found.unreadable.append(row)
-            log.warning("%s", row["error"])
-            continue
-        found.jobs.append(Job(job_id=cand.stem, reference_code=reference_code,
-                              candidate_code=candidate_code, backend=backend))
-    if found.no_reference:
-        log.warning("%d candidates have no reference of the same name in %s (skipped): %s",
-                    len(found.no_reference), references, _names(found.no_reference))
-    if found.no_candidate:
-        log.warning("%d references have no candidate of the same name in %s (skipped): %s",
-                    len(found.no_candidate), candidates, _names(found.no_candidate))
-    if not found.jobs and not found.unreadable:
-        raise StageInputError(f"no candidate in {candidates} has a reference of the same file "
-                              f"name in {references}.")
-    return found
-
-
-def _names(files: list[str], shown: int = 10) -> str:
-    more = f" and {len(files) - shown} more" if len(files) > shown else ""
-    return ", ".join(files[:shown]) + more
-
-
-def _pick(columns: list[str], wanted: tuple[str, ...], path: Path, what: str) -> str | None:
-    for name in wanted:
-        if name in columns:
-            return name
-    if what:
-        raise StageInputError(f"{path}: no {what} column. Expected one of {list(wanted)}; "
-                              f"found {columns}.")
-    return None
-
-
-def load_pairs_jobs(path: Path, backend: str) -> list:
-    from ..data.schema import read_parquet
-    from ..harness import Job
-
-    if not path.is_file():
-        raise StageInputError(f"--pairs {path}: no such file.")
-    table = read_parquet(path)
-    ref_col = _pick(table.column_names, REFERENCE_COLUMNS, path, "reference code")
-    cand_col = _pick(table.column_names, CANDIDATE_COLUMNS, path, "candidate code")
-    id_col = _pick(table.column_names, ID_COLUMNS, path, "")
-    rows = table.to_pylist()
-    ids = [str(row[id_col]) for row in rows] if id_col else [f"{i:06d}" for i in range(len(rows))]
-    if len(set(ids)) != len(ids):
-        raise StageInputError(f"{path}: column {id_col!r} has repeated values; ids must be unique.")
-    return [Job(job_id=i, reference_code=row[ref_col], candidate_code=row[cand_col],
-                backend=backend) for i, row in zip(ids, rows)]
-
-
 def summarize(table, thresholds: list[float], robust: bool, protocols: dict) -> list[str]:
     """Counts under each protocol, by name: evaluation/metrics.py's score_group over the rows,
     each row its own task (so its Exec, fast_p and geomean are the evaluation's), verdicts
-    from harness/verdict.py."""
+    from dicepipe/judgement.py."""
     from ..evaluation.metrics import p_label, score_group
 
     rows = table.to_pylist()
@@ -186,7 +102,7 @@ def summarize(table, thresholds: list[float], robust: bool, protocols: dict) -> 
 
 
 def run(args, params: dict) -> int:
-    from ..harness import HarnessSession, HarnessSettings, stored_results
+    from kernelharness import HarnessSession, HarnessSettings, stored_results
 
     if args.candidates and not args.references:
         raise StageInputError("--candidates needs --references (the folder of reference "
@@ -214,18 +130,3 @@ def run(args, params: dict) -> int:
         print(line)
     print(f"results: {args.out}")
     return 0
-
-
-def unpaired_lines(found: FolderJobs) -> list[str]:
-    """The summary's account of what was not scored, by file name."""
-    lines = []
-    if found.unreadable:
-        lines.append(f"{len(found.unreadable)} files could not be read (rows with their "
-                     f"reason): {_names([row['job_id'] + '.py' for row in found.unreadable])}")
-    if found.no_reference:
-        lines.append(f"{len(found.no_reference)} candidates have no reference (not scored): "
-                     f"{_names(found.no_reference)}")
-    if found.no_candidate:
-        lines.append(f"{len(found.no_candidate)} references have no candidate (not scored): "
-                     f"{_names(found.no_candidate)}")
-    return lines

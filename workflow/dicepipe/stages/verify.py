@@ -50,8 +50,8 @@ def shard_of(sample_id: str, total: int) -> int:
 
 
 def run(args, params: dict) -> int:
-    from ..harness import HarnessSettings, Job, evaluate, stored_results
-    from ..harness.verdict import named_protocol
+    from kernelharness import HarnessSettings, Job, evaluate, stored_results
+    from ..judgement import named_protocol
 
     index, total = parse_shard(args.shard)
     samples = read_table(args.samples, SAMPLE_SCHEMA).to_pylist()

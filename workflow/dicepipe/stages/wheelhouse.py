@@ -12,7 +12,7 @@ for their Python and platform, and carried over:
     dicepipe wheelhouse --out wheelhouse --have have.txt --python-version 3.12
     # there, from the repository: install offline
     python3 -m pip install --no-index --find-links wheelhouse -r wheelhouse/requirements.txt
-    python3 -m pip install --no-index --no-deps --no-build-isolation -e .
+    python3 -m pip install --no-index --no-deps --no-build-isolation -e ./harness -e .
 
 What is resolved: the project's own dependencies (pyproject.toml, with `--extra` groups)
 that `--have` lacks or holds at a version outside the requirement, with pip's resolver run
@@ -90,21 +90,32 @@ def parse_have(text: str) -> dict[str, str | None]:
     return have
 
 
+# Packages of this repository the project depends on (installed from their folder with the
+# project, never fetched): each is replaced by its own dependencies.
+LOCAL_PACKAGES = {"kernelharness": "harness/pyproject.toml"}
+
+
 def project_requirements(pyproject: Path, extras: list[str]) -> list[str]:
     import tomllib
+
+    from packaging.requirements import Requirement
 
     try:
         project = tomllib.loads(pyproject.read_text())["project"]
     except (OSError, KeyError, tomllib.TOMLDecodeError) as exc:
         raise WheelhouseError(f"cannot read [project] of {pyproject}: {exc}") from exc
-    requirements = list(project.get("dependencies", []))
+    requirements = []
+    for text in project.get("dependencies", []):
+        local = LOCAL_PACKAGES.get(canonical(Requirement(text).name))
+        requirements += (project_requirements(pyproject.parent / local, [])
+                         if local else [text])
     groups = project.get("optional-dependencies", {})
     for extra in extras:
         if extra not in groups:
             raise WheelhouseError(f"pyproject.toml has no optional-dependency group {extra!r} "
                                   f"(it has: {', '.join(sorted(groups))})")
         requirements += groups[extra]
-    return requirements
+    return list(dict.fromkeys(requirements))
 
 
 def missing_requirements(requirements: list[str], have: dict[str, str | None],

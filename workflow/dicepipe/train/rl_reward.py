@@ -19,8 +19,8 @@ from dataclasses import KW_ONLY, dataclass, field
 
 import torch
 
-from ..harness.static_checks import static_flags
-from ..harness.verdict import is_correct
+from kernelharness.static_checks import static_flags
+from ..judgement import is_correct
 from .rl_tasks import Task
 
 
@@ -77,7 +77,7 @@ class KernelReward:
         return self.submit(rollouts).result()
 
     def submit(self, rollouts: Sequence[Rollout]) -> Future:
-        from ..harness import Job
+        from kernelharness import Job
 
         self.calls += 1
         rollouts = list(rollouts)

@@ -1,0 +1,55 @@
+"""The harness's own tests: they need only the kernelharness package (no pipeline).
+GPU tests carry @pytest.mark.gpu and skip where no CUDA device is."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+# One extension build cache per checkout, shared with the pipeline's tests (both build the
+# same few sources): <checkout>/.cache/dicepipe/builds, or KERNELHARNESS_TEST_CACHE.
+HARNESS_ROOT = Path(__file__).resolve().parent.parent
+BUILD_CACHE = Path(os.environ.get("KERNELHARNESS_TEST_CACHE")
+                   or HARNESS_ROOT.parent / ".cache" / "dicepipe" / "builds")
+
+
+def _has_cuda() -> bool:
+    try:
+        import torch
+
+        return torch.cuda.is_available()
+    except Exception:
+        return False
+
+
+def pytest_collection_modifyitems(config, items):
+    if _has_cuda():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA device")
+    for item in items:
+        if "gpu" in item.keywords and str(item.path).startswith(str(Path(__file__).parent)):
+            item.add_marker(skip)
+
+
+@pytest.fixture(autouse=True)
+def harness_tempdir(tmp_path_factory, monkeypatch):
+    """Harness tests make their temporary folders in a private directory, which must be empty
+    when the test ends: a run (even a killed one, cleaned by the next) leaves nothing behind."""
+    import tempfile
+
+    private = tmp_path_factory.mktemp("tempdir")
+    monkeypatch.setattr(tempfile, "tempdir", str(private))
+    monkeypatch.setenv("TMPDIR", str(private))  # and in the processes a test starts
+    yield private
+    left = sorted(os.listdir(private))
+    assert not left, f"the harness left {left} in the temporary directory"
+
+
+@pytest.fixture(scope="session")
+def build_cache_dir() -> Path:
+    """One extension build cache for the whole test session, so each distinct source builds
+    at most once per machine."""
+    BUILD_CACHE.mkdir(parents=True, exist_ok=True)
+    return BUILD_CACHE
