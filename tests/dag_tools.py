@@ -14,7 +14,7 @@ from dicepipe.deps import HARNESS_METHOD_FILE, HARNESS_METHOD_KEY
 
 WORKFLOW_FILES = ["Snakefile", "dvc.yaml", "real", "params.yaml", ".dvcignore", "workflow", "profiles",
                   "envs", "data/kernelbench", "data/baselines", "data/base",
-                  "harness/src/kernelharness/method.py"]
+                  "harness"]
 # The pipeline's DVC files (dvc.yaml's header): the default chain, which a target-less
 # `dvc repro` runs, and the real scales, addressed as real/dvc.yaml:<stage>.
 DEFAULT_DVC_FILE = "dvc.yaml"

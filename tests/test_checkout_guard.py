@@ -37,13 +37,27 @@ def test_a_second_checkout_with_other_code_is_refused_with_the_fix(repo_root, tm
     message = refused.stderr
     assert f"dicepipe is imported from {IMPORTED}" in message
     assert str((other / "workflow/dicepipe").resolve()) in message
-    assert "`pip install -e .` in " + str(other.resolve()) in message
+    assert "`pip install -e ./harness -e .` in " + str(other.resolve()) in message
     assert f"PYTHONPATH={(other / 'workflow').resolve()}" in message
 
     # the fix the message names: the checkout's own code runs
     fixed = _check_params(other, pythonpath=str(other / "workflow"))
     assert fixed.returncode == 0, fixed.stderr
     assert (other / "checked.json").is_file()
+
+
+def test_another_checkouts_harness_is_refused_with_the_fix(repo_root, tmp_path):
+    """The runners track this checkout's method version: its harness must be the one that runs."""
+    other = copy_workflow(repo_root, tmp_path)
+    method = other / "harness/src/kernelharness/method.py"
+    method.write_text(method.read_text() + "\n# this checkout's own edit\n")
+    refused = _check_params(other)
+    assert refused.returncode == 2, refused.stdout + refused.stderr
+    assert "kernelharness is imported from" in refused.stderr
+    assert "`pip install -e ./harness` in " + str(other.resolve()) in refused.stderr
+    harness_src = other / "harness" / "src"
+    fixed = _check_params(other, pythonpath=str(harness_src))
+    assert fixed.returncode == 0, fixed.stderr
 
 
 def test_a_byte_identical_copy_runs(repo_root, tmp_path):

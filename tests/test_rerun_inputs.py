@@ -147,6 +147,43 @@ def test_a_changed_input_file_replans_exactly_its_readers(finished, kind, change
     assert _dvc_changed(finished) == set()
 
 
+MEASURING = {"verify": 2, "verify_gather": 1, "augment": 1, "assemble": 1, "sft": 1,
+             "rl_infill": 1, "rl_e2e": 1, "evaluate": 1}
+
+
+def test_harness_code_and_run_settings_replan_nothing_its_method_version_replans_measuring(
+        finished):
+    """Measuring stages track the harness's method version and `harness.measure`, not its
+    source files: a docstring in its build code and a build-speed setting re-plan nothing in
+    either runner; raising METHOD_VERSION re-plans verify, augment and all that follows."""
+    builder = finished / "harness/src/kernelharness/compilation/builder.py"
+    method = finished / "harness/src/kernelharness/method.py"
+    params = finished / "params.yaml"
+    originals = {p: p.read_text() for p in (builder, method, params)}
+    try:
+        builder.write_text(originals[builder].replace('"""', '"""A docstring edit. ', 1))
+        assert _snakemake_plan(finished) == {}
+        assert _dvc_changed(finished) == set()
+        params.write_text(originals[params].replace("    build_workers: 0", "    build_workers: 3"))
+        assert originals[params] != params.read_text(), "params.yaml has no harness.run.build_workers"
+        assert _snakemake_plan(finished) == {}
+        # DVC validates any edit of params.yaml again (check_params); no stage follows it
+        assert _dvc_changed(finished) == {"check_params"}
+        params.write_text(originals[params])
+        version = int(re.search(r"^METHOD_VERSION = (\d+)", originals[method], re.M).group(1))
+        method.write_text(originals[method].replace(f"METHOD_VERSION = {version}",
+                                                    f"METHOD_VERSION = {version + 1}"))
+        assert _snakemake_plan(finished) == MEASURING
+        assert _dvc_changed(finished) == {"verify@seed-1-of-2", "verify@seed-2-of-2",
+                                          "augment@seed", "rl_infill@tiny", "rl_e2e@tiny",
+                                          "evaluate@tiny"}
+    finally:
+        for path, text in originals.items():
+            path.write_text(text)
+    assert _snakemake_plan(finished) == {}
+    assert _dvc_changed(finished) == set()
+
+
 def _readme_commands(repo_root: Path, program: str) -> list[list[str]]:
     lines = (repo_root / "README.md").read_text().splitlines()
     return [shlex.split(line.split("||")[0].split("  #")[0]) for line in lines if line.startswith(program)]

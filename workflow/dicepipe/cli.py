@@ -64,14 +64,26 @@ def check_checkout(workdir: Path, imported: Path | None = None) -> None:
         return
     imported = (imported or Path(__file__).parent).resolve()
     own = own.resolve()
-    if imported == own or _package_files(imported) == _package_files(own):
+    if not (imported == own or _package_files(imported) == _package_files(own)):
+        raise CheckoutMismatchError(
+            f"dicepipe is imported from {imported}, not from this workflow's {own}: the stage "
+            f"would run that checkout's code while Snakemake and DVC track this one's. Install "
+            f"this checkout (`pip install -e ./harness -e .` in {own.parent.parent}) or run "
+            f"with PYTHONPATH={own.parent}.")
+    # the harness likewise: the runners track the method version of this checkout's harness
+    own_harness = (workdir / "harness" / "src" / "kernelharness").resolve()
+    if not (own_harness / "__init__.py").is_file():
+        return
+    import kernelharness
+
+    harness = Path(kernelharness.__file__).resolve().parent
+    if harness == own_harness or _package_files(harness) == _package_files(own_harness):
         return
     raise CheckoutMismatchError(
-        f"dicepipe is imported from {imported}, not from this workflow's {own}: the stage "
-        f"would run that checkout's code while Snakemake and DVC track this one's. Install "
-        f"this checkout (`pip install -e .` in {own.parent.parent}) or run with "
-        f"PYTHONPATH={own.parent}."
-    )
+        f"kernelharness is imported from {harness}, not from this workflow's {own_harness}: "
+        f"the stage would measure with that checkout's harness while Snakemake and DVC track "
+        f"this one's method version. Install this checkout's (`pip install -e ./harness` in "
+        f"{own_harness.parent.parent.parent}) or run with PYTHONPATH={own_harness.parent}.")
 
 
 def _setup_logging(log_path: str | None, verbose: bool) -> None:

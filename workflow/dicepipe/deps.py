@@ -129,7 +129,15 @@ def harness_param_keys() -> list[str]:
     return [f"harness.{name}" for name in section if name == "measure"] + [HARNESS_METHOD_KEY]
 
 
-def harness_method_version() -> int:
+def harness_method_version(root: Path | str = ".") -> int:
+    """The method version as DVC reads it: the constant in `root`/HARNESS_METHOD_FILE (the
+    checkout both runners start in), else the installed package's."""
+    path = Path(root) / HARNESS_METHOD_FILE
+    if path.is_file():
+        for node in ast.parse(path.read_text(), str(path)).body:
+            if (isinstance(node, ast.Assign) and len(node.targets) == 1
+                    and getattr(node.targets[0], "id", None) == "METHOD_VERSION"):
+                return ast.literal_eval(node.value)
     from kernelharness.method import METHOD_VERSION
 
     return METHOD_VERSION
