@@ -38,9 +38,9 @@ orders.
                     their slim copies (preludes.slim_op_text): the harness with minimal
                     headers, before the slim operator headers
   no-prelude-wait   a main.cpp finding its prelude's precompiled header being made by
-                    another builder compiles plainly (builder.WAIT_FOR_PRELUDE_PCH off): the
+                    another builder compiles plainly (BuildOptions.wait_for_prelude_header off): the
                     harness with slim operator headers, before the prelude wait
-  no-shared-host    every build compiles its main.cpp (builder.SHARE_HOST_OBJECTS off): the
+  no-shared-host    every build compiles its main.cpp (BuildOptions.share_host_objects off): the
                     harness with the prelude wait, before the shared main.cpp objects
 
 The clock of a variant starts once its `--workers` builder processes are up with the build
@@ -236,14 +236,14 @@ def _init_builder(variant: str, slots: int, stub_dir: str, arch: str) -> None:
         pass
 
 
-# variants that turn one of the build's module switches off: (module, switch)
-_SWITCHED_OFF = {"no-slim-ops": ("nvcc_split", "SLIM_OPS"),
-                 "no-prelude-wait": ("builder", "WAIT_FOR_PRELUDE_PCH"),
-                 "no-shared-host": ("builder", "SHARE_HOST_OBJECTS")}
+# variants that turn one build option off (kernelharness.compilation.options.BuildOptions)
+_SWITCHED_OFF = {"no-slim-ops": "slim_op_headers", "no-prelude-wait": "wait_for_prelude_header",
+                 "no-shared-host": "share_host_objects"}
 
 
 def _build_one(item: dict, cache: str, use_pch: bool, light_headers: bool) -> dict:
     from kernelharness.compilation.builder import build_spec
+    from kernelharness.compilation.options import BuildOptions
 
     spec = dict(item["spec"])
     for field, extra in _STATE["stand_ins"].items():
@@ -253,13 +253,13 @@ def _build_one(item: dict, cache: str, use_pch: bool, light_headers: bool) -> di
         light_headers = minimal_headers = False
     if _STATE["variant"] == "no-minimal-headers":
         minimal_headers = False
+    switches = dict(slim_op_headers=True, share_host_objects=True, wait_for_prelude_header=True)
     if _STATE["variant"] in _SWITCHED_OFF:
-        import importlib
-
-        module, flag = _SWITCHED_OFF[_STATE["variant"]]
-        setattr(importlib.import_module(f"kernelharness.compilation.{module}"), flag, False)
+        switches[_SWITCHED_OFF[_STATE["variant"]]] = False
+    options = BuildOptions(use_pch=use_pch, light_headers=light_headers,
+                           minimal_headers=minimal_headers, **switches)
     start = time.monotonic()
-    status = build_spec(spec, item["key"], Path(cache), use_pch, light_headers, minimal_headers)
+    status = build_spec(spec, item["key"], Path(cache), options)
     return {"kernel": item["kernel"], "key": item["key"], "ok": bool(status.get("ok")),
             "wall_s": round(time.monotonic() - start, 3), "done_at": time.monotonic(),
             "pch": status.get("pch"), "steps": status.get("steps", []),
@@ -348,7 +348,7 @@ print(json.dumps(bad))
 def import_check(variant: dict, specs: list[dict], cache: Path) -> dict:
     """Import every module a variant built (in a fresh interpreter, after torch) and look up
     its bound functions: a module's name and bindings come from its main.cpp object, which
-    the harness may have taken from another build (builder.SHARE_HOST_OBJECTS)."""
+    the harness may have taken from another build (BuildOptions.share_host_objects)."""
     from kernelharness.compilation.buildspec import module_name, so_path
 
     by_key = {s["key"]: s for s in specs}

@@ -5,7 +5,7 @@ The corpus (kept out of the repository, e.g. .carry/realcorpus/) holds candidate
 references/<key>.py with the same file names, and manifest.jsonl (key, source, level, problem,
 provenance, notes). Every pair runs through the harness once (cuda, repeats 1, params.yaml's
 harness settings), then each row is judged under every tolerance protocol, plain and robust,
-through harness.verdict; nothing is re-measured to change a protocol.
+through dicepipe.judgement; nothing is re-measured to change a protocol.
 
     PYTHONUNBUFFERED=1 PYTHONPATH=workflow python3 bench/harness_real_corpus.py \
         --corpus .carry/realcorpus --out $OUT/realcorpus

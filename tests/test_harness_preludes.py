@@ -1,4 +1,4 @@
-"""Minimal headers (harness/build/preludes.py): what a prelude holds, that main.cpp's prelude
+"""Minimal headers (kernelharness/compilation/preludes.py): what a prelude holds, that main.cpp's prelude
 declares every pybind11 caster <torch/extension.h> does, that a real CPU extension builds
 with it and one needing more falls back to the full headers, that a real kernel's device
 code (PTX) is the same whichever headers its .cu compiled with (slim operator headers too:
@@ -29,6 +29,16 @@ torch::Tensor copy(torch::Tensor x) {
   return at::matmul(y, y);
 }
 """
+
+
+def _options(**values):
+    """Build options: no precompiled headers, light and minimal headers off unless given, the
+    build-speed switches on (schema.yaml's defaults)."""
+    from kernelharness.compilation.options import BuildOptions
+
+    return BuildOptions(**{"use_pch": False, "light_headers": False, "minimal_headers": False,
+                           "slim_op_headers": True, "share_host_objects": True,
+                           "wait_for_prelude_header": True, **values})
 
 
 def test_prelude_names_the_operators_the_source_uses(tmp_path):
@@ -166,14 +176,15 @@ def test_cpu_extension_builds_minimal_and_falls_back_when_it_needs_more(tmp_path
     notes = []
     for k, s in enumerate((light, heavy)):
         key = f"{k}" * 64
-        status = build_spec(s, key, cache, use_pch=False, minimal_headers=True)
+        status = build_spec(s, key, cache, _options(minimal_headers=True))
         assert status["ok"], status["log_tail"]
         notes.append(status["pch"])
         module = _load(so_path(cache, key), f"dp_{key[:24]}")
         assert torch.equal(module.twice(x), x * 2)
     assert "host:minimal-headers" in notes[0] and "full-headers" not in notes[0]
     assert "host:full-headers" in notes[1]
-    hosts = [s for s in build_spec(heavy, "1" * 64, cache, False)["steps"] if s["step"] == "host"]
+    hosts = [s for s in build_spec(heavy, "1" * 64, cache, _options())["steps"]
+             if s["step"] == "host"]
     assert [s["ok"] for s in hosts] == [False, True]  # the minimal try, then as written
 
 
@@ -206,7 +217,7 @@ def test_binding_check_fails_what_fails_as_written_and_nothing_else(tmp_path):
 
     def build(key: str, functions: list[str], source: str) -> dict:
         spec = normalize_spec({"name": "m", "cpp_sources": [source], "functions": functions})
-        return build_spec(spec, key * 64, cache, use_pch=False, minimal_headers=True)
+        return build_spec(spec, key * 64, cache, _options(minimal_headers=True))
 
     def steps(status: dict) -> list[str]:
         return [s["step"] for s in status["steps"]]

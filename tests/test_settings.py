@@ -121,6 +121,7 @@ def test_harness_settings_name_an_unknown_key(params):
 # Dataclasses built from params and the schema sections backing their fields.
 PARAMS_BACKED = {
     "HarnessSettings": ("harness.measure", "harness.run"),
+    "BuildOptions": ("harness.run",),  # HarnessSettings.build_options
     "GenerationSettings": ("evaluate.defaults",),
     "Scale": ("scales.*",),
     "Protocol": ("protocols.*",),

@@ -512,7 +512,6 @@ def test_a_main_cpp_waits_for_the_prelude_header_another_builder_is_making(tmp_p
     compiler.chmod(0o755)
     monkeypatch.setenv("CXX", str(compiler))
     monkeypatch.delenv(compile_steps.SLOTS_ENV, raising=False)
-    monkeypatch.setattr(builder, "WAIT_FOR_PRELUDE_PCH", wait)
     header = tmp_path / "prelude.h"
     header.write_text("#pragma once\n")
     ninja = tmp_path / "build.ninja"
@@ -526,7 +525,7 @@ def test_a_main_cpp_waits_for_the_prelude_header_another_builder_is_making(tmp_p
     deadline = time.monotonic() + 10
     while not calls.exists() and time.monotonic() < deadline:
         time.sleep(0.02)
-    notes["second"] = builder._ensure_prelude_pch(header, ninja, tmp_path)
+    notes["second"] = builder._ensure_prelude_pch(header, ninja, tmp_path, wait=wait)
     maker.join()
     assert notes["maker"] == "prelude-pch:built"
     assert notes["second"] == ("prelude-pch:waited" if wait else "prelude-pch:busy")
@@ -551,7 +550,8 @@ fi
 MAIN_CPP = "#include <torch/extension.h>\nint f();\nPYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {}\n"
 
 
-def _host_step(tmp_path, folder_name: str, name: str, text: str, compiler: str | None = None):
+def _host_step(tmp_path, folder_name: str, name: str, text: str, compiler: str | None = None,
+               share: bool = True):
     """compile_host_object on main.cpp = `text` in its own build folder, as torch's ninja
     writes the command (default compiler: the stand-in `cxx` in tmp_path)."""
     from kernelharness.compilation import builder
@@ -563,7 +563,8 @@ def _host_step(tmp_path, folder_name: str, name: str, text: str, compiler: str |
     step = {"rule": "compile", "out": "main.o", "in": [str(folder / "main.cpp")],
             "command": f"{compiler} -DTORCH_EXTENSION_NAME={name} "
                        f"-c {folder / 'main.cpp'} -o main.o"}
-    note = builder.compile_host_object(step, folder, tmp_path / "cache", [], name, text)
+    note = builder.compile_host_object(step, folder, tmp_path / "cache", [], name, text,
+                                       share=share)
     return note, folder
 
 
@@ -596,9 +597,8 @@ def test_builds_share_one_main_cpp_object_under_their_own_names(tmp_path, monkey
         assert _host_step(tmp_path, f"own{k}", a, MAIN_CPP + own)[0] == ""
     assert builder.host_object_shareable(MAIN_CPP.replace(
         "<torch/extension.h>", '"/cache/preludes/0123abcd.h"'))  # the minimal prelude's
-    monkeypatch.setattr(builder, "SHARE_HOST_OBJECTS", False)
-    before = calls.read_text().count("call")
-    assert _host_step(tmp_path, "off", b, MAIN_CPP)[0] == ""
+    before = calls.read_text().count("call")  # BuildOptions.share_host_objects off:
+    assert _host_step(tmp_path, "off", b, MAIN_CPP, share=False)[0] == ""
     assert calls.read_text().count("call") == before + 1
 
 

@@ -1,7 +1,7 @@
 """Every entry of the build cache and of the resume stores checked against its hash, and the
 damaged or orphaned ones removed (`dicepipe cache verify` / `dicepipe cache prune`).
 
-What is an entry, and how it is checked, is build/entries.py's (the build cache) and
+What is an entry, and how it is checked, is compilation/entries.py's (the build cache) and
 results.py's (a stored row). Orphans are what no reader will ever use: a build's temporary
 folder whose builder is gone, a half-written temporary file older than ORPHAN_AGE_S, a hash
 whose entry is gone. Locks, CPU slots and "seen"/"failed" markers are left alone. Pruning

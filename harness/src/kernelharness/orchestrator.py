@@ -122,8 +122,7 @@ class Batch:
             self._worker("extract", i, base, {"CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": "1"})
             for i in range(max(1, min(4, n_build)))])
         self.builds = {b: BuildService(build_pool, self.cache, self.toolchains[b],
-                                       settings.build_timeout_s, settings.use_pch,
-                                       settings.cuda_light_headers, settings.minimal_headers)
+                                       settings.build_timeout_s, settings.build_options())
                        for b in backends}
         self.extracts = {b: ExtractService(extract_pool, self.cache, self.toolchains[b],
                                            settings.run_timeout_s) for b in backends}

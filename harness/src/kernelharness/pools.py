@@ -17,6 +17,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 from .compilation.buildspec import build_dir, check_build, normalize_spec, spec_key
+from .compilation.options import BuildOptions
 from .compilation.entries import NO_HASH, discard, label, seal, unhashed, unsealed
 from .workerproc import WorkerProcess
 
@@ -52,10 +53,9 @@ class WorkerPool:
 
 class BuildService:
     def __init__(self, pool: WorkerPool, cache: Path, toolchain: dict, timeout_s: float,
-                 use_pch: bool, light_headers: bool = False, minimal_headers: bool = False):
+                 options: BuildOptions):
         self.pool, self.cache, self.toolchain = pool, cache, toolchain
-        self.timeout_s, self.use_pch, self.light_headers = timeout_s, use_pch, light_headers
-        self.minimal_headers = minimal_headers
+        self.timeout_s, self.options = timeout_s, options
         self._executor = ThreadPoolExecutor(max_workers=len(pool.workers),
                                             thread_name_prefix="build")
         self._lock = threading.Lock()
@@ -173,8 +173,7 @@ class BuildService:
                 and bool(future.result().get("ok")))
 
     def _build(self, spec: dict, key: str) -> dict:
-        message = {"op": "build", "spec": spec, "key": key, "use_pch": self.use_pch,
-                   "light_headers": self.light_headers, "minimal_headers": self.minimal_headers}
+        message = {"op": "build", "spec": spec, "key": key, "options": self.options.to_wire()}
         reply = self.pool.call(message, self.timeout_s)
         if reply.get("op") == "failed":
             status = {"ok": False, "transient": True,

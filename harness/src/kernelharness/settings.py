@@ -34,7 +34,7 @@ MEASUREMENT_FIELDS = (
 )
 OPERATIONAL_FIELDS = (
     "build_timeout_s", "build_workers", "use_pch", "cuda_light_headers", "minimal_headers",
-    "cache_dir", "devices",
+    "slim_op_headers", "share_host_objects", "wait_for_prelude_header", "cache_dir", "devices",
 )
 
 
@@ -93,6 +93,9 @@ class HarnessSettings:
     use_pch: bool
     cuda_light_headers: bool
     minimal_headers: bool
+    slim_op_headers: bool
+    share_host_objects: bool
+    wait_for_prelude_header: bool
     cache_dir: str
     # Set by the caller, not params.yaml's harness section.
     repeats: int = 1
@@ -164,6 +167,16 @@ class HarnessSettings:
     @property
     def cache_path(self) -> Path:
         return Path(self.cache_dir).resolve()
+
+    def build_options(self):
+        """How builds compile (harness.run): what every builder is sent with each build."""
+        from .compilation.options import BuildOptions
+
+        return BuildOptions(use_pch=self.use_pch, light_headers=self.cuda_light_headers,
+                            minimal_headers=self.minimal_headers,
+                            slim_op_headers=self.slim_op_headers,
+                            share_host_objects=self.share_host_objects,
+                            wait_for_prelude_header=self.wait_for_prelude_header)
 
     def num_build_workers(self) -> int:
         return self.build_workers if self.build_workers > 0 else (os.cpu_count() or 1)

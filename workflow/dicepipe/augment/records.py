@@ -1,7 +1,7 @@
 """What the augment stage records: one row per attempt, the verdict rule that keeps a
 candidate, and the report's counts. Pure functions over plain rows.
 
-Verdict (harness/verdict.py). A candidate is kept when it compiled, is correct under
+Verdict (dicepipe/judgement.py). A candidate is kept when it compiled, is correct under
 `augment.protocol` (the robust verdict when augment.robust is set: no deception flag), and
 its speedup statistic is above `augment.speedup_threshold`. The statistic is `augment.speedup_statistic`: `low` (default)
 is the lower end of the harness's speedup interval, so a kept sample is faster with the
@@ -36,7 +36,7 @@ ATTEMPT_SCHEMA = pa.schema([
     pa.field("detail", pa.string()),  # author failure note or the harness's error
 ])
 
-# An attempt's reason is the harness verdict's (harness/verdict.REASONS: "accepted" or why
+# An attempt's reason is the harness verdict's (judgement.REASONS: "accepted" or why
 # not), or an author failure (authors.AUTHOR_FAILURES) when there was no file to judge. A task
 # without a sample is reported under the most promising reason among its attempts.
 _TASK_REASON_ORDER = ("below_threshold", "no_speedup", "flagged", "incorrect", "not_compiled",

@@ -3,7 +3,7 @@ as pure functions: verdicts, threshold, held-out split and the four splits.
 
 A corpus sample is kept for SFT when its measured kernel is correct under the chosen
 tolerance protocol (robust verdict by default) and its median speedup over PyTorch eager is
-above the threshold (harness/verdict.py decides). Structural
+above the threshold (dicepipe/judgement.py decides). Structural
 samples (augment) were verified when generated and join as they are. Validation holds out
 whole reference programs (by a seeded hash), never seen by SFT or RL training."""
 

@@ -3,7 +3,7 @@
 A record is one generated (or supplied) kernel for one task: the task's fields, `sample`,
 `reference_ok` (the task's reference ran and agreed with a copy of itself) and `result` (the
 harness row, or None when there was no code to run). Every decision goes through
-`harness.verdict`, under each tolerance protocol and under the plain and the robust verdict:
+`dicepipe.judgement`, under each tolerance protocol and under the plain and the robust verdict:
 
 - exec: compiled and correct (KernelBench's correctness rate), averaged over a task's
   samples, then over tasks;

@@ -5,7 +5,7 @@ hash written with it, and remove the damaged or orphaned ones.
     dicepipe cache prune      # the same check, then what it found removed
 
 Not a pipeline stage: the stages check each entry before they use it and rebuild a damaged
-one themselves (harness/build/entries.py); this is the whole cache at once, for a look after
+one themselves (kernelharness/compilation/entries.py); this is the whole cache at once, for a look after
 a crash or a full disk. A damaged row is dropped from its resume file (measured again by the
 next run that needs it); a removed build is made again when next needed.
 """

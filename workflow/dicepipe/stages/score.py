@@ -63,7 +63,7 @@ def summarize(table, thresholds: list[float], robust: bool, protocols: dict) -> 
                 "reference_ok": r.get("error_phase") != "reference", "result": r} for r in rows]
     failed = [r["result"]["job_id"] for r in records if not r["reference_ok"]]
     # a reference that does not fit the device even in the leanest memory plan: the task's
-    # too, named apart (harness/worker/memory_plans.py)
+    # too, named apart (kernelharness/worker/memory_plans.py)
     limited = [r["job_id"] for r in rows if r["job_id"] in failed
                and (r.get("error") or "").startswith("harness-limited")]
     n = len(rows) - len(failed)

@@ -54,6 +54,7 @@ from .entries import (
     write_checked,
 )
 from .nvcc_split import compile_cuda
+from .options import BuildOptions
 from .preludes import binding_block, binding_suspects, has_token, minimal_source, prelude_path
 
 LOG_LIMIT = 6000
@@ -92,12 +93,11 @@ def write_sources(spec: dict, folder: Path) -> list[str]:
     return [str(s) for s in sources]
 
 
-def build_spec(spec: dict, key: str, cache: Path, use_pch: bool,
-               light_headers: bool = False, minimal_headers: bool = False) -> dict:
+def build_spec(spec: dict, key: str, cache: Path, options: BuildOptions) -> dict:
     """Build into cache/ext/<key>/ unless already there; return the status dict.
 
-    use_pch, light_headers and minimal_headers change how a source compiles, not what it
-    computes, so they are not part of the key (see nvcc_split.compile_cuda and preludes)."""
+    The options change how a source compiles, not what it computes, so they are not part of
+    the key (options.py; nvcc_split.compile_cuda and preludes)."""
     final = build_dir(cache, key)
     status, damage = check_build_folder(final)
     if status is not None:
@@ -111,7 +111,7 @@ def build_spec(spec: dict, key: str, cache: Path, use_pch: bool,
     tmp.mkdir()
     start = time.monotonic()
     steps: list[dict] = []
-    status = _compile(spec, key, tmp, cache, use_pch, light_headers, steps, minimal_headers)
+    status = _compile(spec, key, tmp, cache, options, steps)
     status["seconds"] = round(time.monotonic() - start, 3)
     status["steps"] = steps  # one record per compiler run (compile_steps.record_step)
     repaired = taken_repairs()
@@ -134,20 +134,18 @@ def build_spec(spec: dict, key: str, cache: Path, use_pch: bool,
     return status
 
 
-def _compile(spec: dict, key: str, folder: Path, cache: Path, use_pch: bool,
-             light_headers: bool, steps: list | None = None,
-             minimal_headers: bool = False) -> dict:
+def _compile(spec: dict, key: str, folder: Path, cache: Path, options: BuildOptions,
+             steps: list | None = None) -> dict:
     name = module_name(key)
     with_cuda = spec_uses_cuda(spec)
     sources = write_sources(spec, folder)
     pch_dir = None
-    if use_pch and _compiler_is_gcc():
+    if options.use_pch and _compiler_is_gcc():
         pch_dir = cache / "pch" / _pch_signature(spec, with_cuda)
-    status = _run_build(spec, name, sources, folder, with_cuda, pch_dir, cache, light_headers,
-                        steps, minimal_headers)
+    status = _run_build(spec, name, sources, folder, with_cuda, pch_dir, cache, options, steps)
     if not status["ok"] and pch_dir is not None and _PCH_TROUBLE.search(status["log_tail"]):
         status = _run_build(spec, name, sources, folder, with_cuda, None, cache,  # safety net
-                            light_headers, steps, minimal_headers)
+                            options, steps)
         status["pch"] = "pch:retried-without"
     return status
 
@@ -160,8 +158,8 @@ _PCH_TROUBLE = re.compile(r"\.gch\b|precompiled header|torch/extension\.h: No su
 
 
 def _run_build(spec: dict, name: str, sources: list[str], folder: Path, with_cuda: bool,
-               pch_dir: Path | None, cache: Path, light_headers: bool = False,
-               steps: list | None = None, minimal_headers: bool = False) -> dict:
+               pch_dir: Path | None, cache: Path, options: BuildOptions,
+               steps: list | None = None) -> dict:
     from torch.utils import cpp_extension as ce
 
     include_paths = list(spec["extra_include_paths"])
@@ -199,11 +197,13 @@ def _run_build(spec: dict, name: str, sources: list[str], folder: Path, with_cud
             if minimal is not None:
                 header = ""
                 if pch_dir is not None:
-                    header = _ensure_prelude_pch(prelude_path(minimal), ninja_file, cache)
+                    header = _ensure_prelude_pch(prelude_path(minimal), ninja_file, cache,
+                                                 wait=options.wait_for_prelude_header)
                 source.write_text(minimal)  # the same line count
                 try:
                     with recoverable():  # its failure is not the build's: as written next
-                        shared = compile_host_object(step, folder, cache, log, name, minimal)
+                        shared = compile_host_object(step, folder, cache, log, name, minimal,
+                                                     share=options.share_host_objects)
                     return ",".join(n for n in ("host:minimal-headers", header, shared) if n)
                 except StepError as exc:
                     log.append(f"main.cpp with minimal headers failed; as written: {exc}")
@@ -211,15 +211,17 @@ def _run_build(spec: dict, name: str, sources: list[str], folder: Path, with_cud
                     source.write_text(text)
             with holding_line(full_only):  # likely to fail: its cuda unit waits, PCH wait too
                 note = before_compile(step)
-                shared = compile_host_object(step, folder, cache, log, name, text)
+                shared = compile_host_object(step, folder, cache, log, name, text,
+                                             share=options.share_host_objects)
             full = "host:full-headers" if minimal or full_only else None
             return ",".join(n for n in (note, full, shared) if n)
 
         def cuda_compile(step: dict, log: list[str]) -> str:
-            return compile_cuda(step, folder, cache, log, light_headers, minimal_headers)
+            return compile_cuda(step, folder, cache, log, options.light_headers,
+                                options.minimal_headers, slim_ops=options.slim_op_headers)
 
         notes = run_steps(ninja_file, cache, before_compile, cuda_compile, steps,
-                          host_compile if minimal_headers else None) or notes
+                          host_compile if options.minimal_headers else None) or notes
     except (StepError, RuntimeError, OSError, subprocess.SubprocessError) as exc:
         return {"ok": False, "log_tail": _tail(str(exc)), "pch": ",".join(notes)}
     if not (folder / f"{name}.so").is_file():
@@ -228,17 +230,16 @@ def _run_build(spec: dict, name: str, sources: list[str], folder: Path, with_cud
     return {"ok": True, "log_tail": "", "pch": ",".join(sorted(notes))}
 
 
-# main.cpp objects shared between builds (SHARE_HOST_OBJECTS). A build's main.cpp is the
+# main.cpp objects shared between builds (BuildOptions.share_host_objects). A build's main.cpp is the
 # candidate's cpp_sources and bindings: rollouts of one task, which differ in their kernels,
 # mostly write the same declarations (the template author's 48 builds have 4 main.cpp texts),
 # and a main.cpp costs 4 CPU-s against its precompiled prelude (pybind11's code, at -O0).
 # The object depends on the text, the command and the module's name (TORCH_EXTENSION_NAME,
 # one per build): it is compiled once with a placeholder name of the same length into the
 # cache, and each build takes a copy with its own name written over the placeholder, which
-# is the object a compile with that name makes (tests/test_harness_build_steps.py checks it
+# is the object a compile with that name makes (harness/tests/test_build_steps.py checks it
 # byte for byte). A compiler error is shared too. Off: every build compiles its main.cpp
 # (what bench/build_breakdown.py's `no-shared-host` variant measures).
-SHARE_HOST_OBJECTS = True
 # what makes the object depend on more than the text and the command: the file's own path
 # or the time, a file beside it (a relative quoted include, a computed one; an absolute one,
 # as of the minimal prelude, names the same file in every build), the name used otherwise
@@ -261,16 +262,17 @@ def host_object_shareable(text: str) -> bool:
 
 
 def compile_host_object(step: dict, folder: Path, cache: Path, log: list[str], name: str,
-                        text: str) -> str:
+                        text: str, share: bool = True) -> str:
     """Compile main.cpp (`text` is what the file holds now), or take the object another build
-    made of the same text and command (see SHARE_HOST_OBJECTS); returns a note."""
+    made of the same text and command (`share`: BuildOptions.share_host_objects); returns a
+    note."""
     command, source, out = step["command"], step["in"][0] if step["in"] else "", step["out"]
     flag = f"-DTORCH_EXTENSION_NAME={name}"
     placeholder = _placeholder_name(name)
     shared = command.replace(flag, f"-DTORCH_EXTENSION_NAME={placeholder}")
     if source:  # the unit by its name (the build runs in its folder): no per-build path
         shared = re.sub(re.escape(source) + r"(?=\s|$)", Path(source).name, shared)
-    if (not SHARE_HOST_OBJECTS or not name.startswith("dp_") or command.count(flag) != 1
+    if (not share or not name.startswith("dp_") or command.count(flag) != 1
             or Path(out).is_absolute() or str(folder) in shared
             or str(folder.resolve()) in shared or placeholder in text
             or not host_object_shareable(text)):
@@ -467,20 +469,17 @@ def _ensure_pch(ninja_file: Path, pch_dir: Path, cache: Path) -> str:
         return "pch:built"
 
 
-# A main.cpp whose minimal prelude's precompiled header another builder is making waits for
-# it (its cuda unit goes ahead meanwhile); off: it compiles plainly at once, as before session
-# 17 (what bench/build_breakdown.py's `no-prelude-wait` variant measures)
-WAIT_FOR_PRELUDE_PCH = True
-
-
-def _ensure_prelude_pch(header: Path | None, ninja_file: Path, cache: Path) -> str:
+def _ensure_prelude_pch(header: Path | None, ninja_file: Path, cache: Path,
+                        wait: bool = True) -> str:
     """Precompile a minimal prelude (preludes.py) with this build's flags, once per flag set.
 
     gcc looks for `<header>.gch` beside a header included first and, when that is a folder,
     uses the first file in it made with matching options: one file a flag set, so builds
     with other flags share the folder. It is made the second time a (prelude, flags) pair is
     used: the first build compiles plainly, so a prelude used once costs no header. A build
-    that finds another builder making it waits for it (WAIT_FOR_PRELUDE_PCH), holding no CPU
+    that finds another builder making it waits for it (`wait`:
+    BuildOptions.wait_for_prelude_header; bench/build_breakdown.py's `no-prelude-wait`
+    variant turns it off), holding no CPU
     slot: its main.cpp leaves the line (compile_steps.HostFirst), so its cuda unit compiles
     meanwhile, and main.cpp then takes 3-4 CPU-s against the header instead of 7-9 plainly
     (H200: 14 such units in a cold 48-build run, before the wait:
@@ -509,7 +508,7 @@ def _ensure_prelude_pch(header: Path | None, ninja_file: Path, cache: Path) -> s
         try:
             fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:  # another builder is making it
-            if not WAIT_FOR_PRELUDE_PCH:
+            if not wait:
                 return "prelude-pch:busy"
             wait_for_lock(lock)
             waited = True

@@ -59,9 +59,6 @@ def placeholder(module_id: str) -> str:
     """A fixed stand-in of the same length, so mangled names keep their length prefixes."""
     return "_" + "0" * (len(module_id) - 1)
 
-# cuda.cu's minimal prelude with slim operator headers (preludes.slim_op_text); off: the
-# operators' own headers (what bench/build_breakdown.py's `no-slim-ops` variant measures)
-SLIM_OPS = True
 
 # A host precompiled header is ~1 GB: beyond this many distinct header sets, compile plainly.
 MAX_HOST_HEADERS = 12
@@ -160,7 +157,8 @@ _LEFT_OUT = "// harness: <torch/extension.h> left out (light headers)"
 
 
 def compile_cuda(step: dict, folder: Path, cache: Path, log: list[str],
-                 light_headers: bool = False, minimal_headers: bool = False) -> str:
+                 light_headers: bool = False, minimal_headers: bool = False,
+                 slim_ops: bool = True) -> str:
     """Run one cuda_compile step; returns a note on how it went.
 
     The source compiles first with the fewest headers, each tier only where it changes the
@@ -169,7 +167,9 @@ def compile_cuda(step: dict, folder: Path, cache: Path, log: list[str],
 
     - minimal_headers: its torch includes replaced by its minimal prelude (ATen's Tensor and
       the operators it names: `preludes`; cudafe++ + cicc take 12.5 s instead of 28.1 s for
-      one kernel on a 2-core VM), the operators' headers as slim copies (SLIM_OPS); a unit
+      one kernel on a 2-core VM), the operators' headers as slim copies (`slim_ops`:
+      BuildOptions.slim_op_headers; off, the operators' own headers, what
+      bench/build_breakdown.py's `no-slim-ops` variant measures); a unit
       whose own includes reach an original of one is seen after the first preprocessing
       pass (slim_check) and compiles in this tier again with the originals;
     - light_headers: without `#include <torch/extension.h>` (the kernels and their host
@@ -185,7 +185,7 @@ def compile_cuda(step: dict, folder: Path, cache: Path, log: list[str],
     text = path.read_text() if wanted else ""
     tiers = []
     if minimal_headers and text:
-        minimal = minimal_source(text, cache, binding=False, slim=SLIM_OPS)
+        minimal = minimal_source(text, cache, binding=False, slim=slim_ops)
         if minimal is not None:
             tiers.append(("minimal-headers", minimal))
     if light_headers and "<torch/types.h>" in text and not NEEDS_ALL.search(text):

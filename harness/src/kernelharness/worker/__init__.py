@@ -16,5 +16,5 @@
 Nothing here imports the host's machinery (session, orchestrator, pools, workerproc,
 results, rows); from harness/ a worker uses only the modules both sides share: protocol
 (its channel), hygiene (its memory report) and stats (the repeat rule). The builder role
-runs harness/build.
+runs compilation/.
 """

@@ -1,8 +1,8 @@
 """KernelBench's own correctness trials, run inside the device worker beside the strict ones.
 
 What KernelBench 423217d's `run_and_check_correctness` does, measured so that any protocol
-built on it (`kernelbench`, `kernelbench_v0`, `release_reward`: harness/verdict.py) can be
-judged later from the row alone:
+built on it (`kernelbench`, `kernelbench_v0`, `release_reward`: the pipeline's
+dicepipe/judgement.py) can be judged later from the row alone:
 - trial seeds: `torch.manual_seed(42)`, then one `torch.randint(0, 2**32 - 1)` per trial;
 - per trial: seed, draw `get_inputs()` as the task file draws them (on the CPU), move them to
   the device, run the reference first, then the candidate on the same (uncloned) tensors;

@@ -147,6 +147,7 @@ def _serve_extract(cfg: dict, channel) -> None:
 def _serve_build(cfg: dict, channel) -> None:
     from ..compilation.builder import build_spec
     from ..compilation.compile_steps import set_wait_hook
+    from ..compilation.options import BuildOptions
 
     cache = Path(cfg["cache_dir"])
     # Queued, not stuck: each message moves this build's deadline forward (see compile_steps).
@@ -156,9 +157,8 @@ def _serve_build(cfg: dict, channel) -> None:
         if msg is None or msg.get("op") == "stop":
             return
         try:
-            status = build_spec(msg["spec"], msg["key"], cache, msg["use_pch"],
-                                msg.get("light_headers", False),
-                                msg.get("minimal_headers", False))
+            status = build_spec(msg["spec"], msg["key"], cache,
+                                BuildOptions.from_wire(msg["options"]))
         except Exception as exc:
             status = {"ok": False, "transient": True, "log_tail": f"builder error: {exc!r}"}
         channel.send({"op": "result", "status": status})
