@@ -22,18 +22,27 @@ compilation/ and worker/ never import the host's machinery. method.py holds METH
 what a row means beyond its settings.
 """
 
-from .session import HarnessSession, evaluate, stored_results
-from .results import DYNAMIC_FLAGS, FLAG_COLUMNS, RESULT_SCHEMA, STATIC_FLAGS
-from .settings import HarnessSettings, Job
+from __future__ import annotations
 
-__all__ = [
-           "DYNAMIC_FLAGS",
-           "FLAG_COLUMNS",
-           "RESULT_SCHEMA",
-           "STATIC_FLAGS",
-           "HarnessSession",
-           "HarnessSettings",
-           "Job",
-           "evaluate",
-           "stored_results",
-]
+import importlib
+
+# Imported on first use (PEP 562), so importing a light module of the package (errors, schema,
+# method, stats) loads neither the session's machinery nor the build and worker code.
+_EXPORTS = {
+    "HarnessSession": ".session", "evaluate": ".session", "stored_results": ".session",
+    "DYNAMIC_FLAGS": ".results", "FLAG_COLUMNS": ".results", "RESULT_SCHEMA": ".results",
+    "STATIC_FLAGS": ".results", "HarnessSettings": ".settings", "Job": ".settings",
+}
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str):
+    if name in _EXPORTS:
+        value = getattr(importlib.import_module(_EXPORTS[name], __name__), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_EXPORTS))
