@@ -25,6 +25,12 @@ what a row means beyond its settings.
 from __future__ import annotations
 
 import importlib
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # for type checkers and readers of the import graph; at run time: _EXPORTS
+    from .results import DYNAMIC_FLAGS, FLAG_COLUMNS, RESULT_SCHEMA, STATIC_FLAGS
+    from .session import HarnessSession, evaluate, stored_results
+    from .settings import HarnessSettings, Job
 
 # Imported on first use (PEP 562), so importing a light module of the package (errors, schema,
 # method, stats) loads neither the session's machinery nor the build and worker code.

@@ -22,7 +22,7 @@ from pathlib import Path
 from tqdm import tqdm
 
 from ..data import extract
-from .authors import Draft
+from .authors.draft import Draft
 from .records import attempt_row, classify
 from .tasks import Task
 

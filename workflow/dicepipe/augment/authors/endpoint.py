@@ -19,7 +19,7 @@ import urllib.request
 
 from ...data import extract, prompts
 from ..tasks import Task
-from . import Draft
+from .draft import Draft
 
 log = logging.getLogger(__name__)
 DETAIL_CHARS = 300

@@ -19,7 +19,7 @@ from pathlib import Path
 from ...data import extract, prompts
 from ...errors import ModelError
 from ..tasks import Task
-from . import Draft
+from .draft import Draft
 
 
 class LocalAuthor:

@@ -12,7 +12,8 @@ from dataclasses import dataclass
 
 from ..families import FAMILIES
 from ..tasks import Task
-from . import Draft, kernels_cpu, kernels_cuda
+from . import kernels_cpu, kernels_cuda
+from .draft import Draft
 
 
 @dataclass(frozen=True)
