@@ -66,7 +66,7 @@ def device_row(item: Prepared, reply: dict, sandbox: str) -> dict:
     return row
 
 
-_PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])
+_PACKAGE_ROOT = str(Path(__file__).resolve().parents[1])  # the folder holding the package
 _TMP_BUILD = re.compile(r"/tmp/[0-9a-f]{64}\.\d+\.\d+")
 
 

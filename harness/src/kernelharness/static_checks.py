@@ -11,8 +11,10 @@ import ast
 import re
 
 _SUSPECT_ROOTS = {"torch", "time", "F", "nn", "np", "numpy", "builtins", "sys", "os", "gc",
-                  "dicepipe", "random", "importlib", "threading", "functional", "cudnn"}
-_INTROSPECTION_MODULES = {"gc", "ctypes", "inspect", "importlib", "builtins", "dicepipe"}
+                  "dicepipe", "kernelharness", "random", "importlib", "threading", "functional",
+                  "cudnn"}
+_INTROSPECTION_MODULES = {"gc", "ctypes", "inspect", "importlib", "builtins", "dicepipe",
+                          "kernelharness"}
 _INTROSPECTION_CALLS = {"_getframe", "get_objects", "get_referrers", "currentframe", "setattr",
                         "__import__", "globals", "getattr"}
 _THREAD_MODULES = {"threading", "_thread", "multiprocessing", "concurrent", "asyncio",

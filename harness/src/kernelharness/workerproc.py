@@ -27,7 +27,7 @@ from .protocol import Channel, ChannelClosed
 from .worker.sandbox import scrubbed_env
 
 log = logging.getLogger(__name__)
-PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])
+PACKAGE_ROOT = str(Path(__file__).resolve().parents[1])  # the folder holding the package
 WATCH_INTERVAL_S = 0.5
 # Workers ask the kernel to kill them when their parent *thread* exits (PR_SET_PDEATHSIG), so
 # they are all started from this one thread, which lives as long as the process: a worker

@@ -29,7 +29,8 @@ def _watched_namespaces() -> list[tuple[str, object]]:
               ("threading.Thread", threading.Thread), ("_thread", _thread),
               ("torch.backends.cudnn", torch.backends.cudnn)]
     for name, module in list(sys.modules.items()):
-        if name.startswith("dicepipe.") and isinstance(module, types.ModuleType):
+        if (name.startswith(("kernelharness.", "dicepipe."))
+                and isinstance(module, types.ModuleType)):
             spaces.append((name, module))
     return spaces
 
