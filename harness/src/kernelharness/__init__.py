@@ -39,7 +39,8 @@ _EXPORTS = {
     "DYNAMIC_FLAGS": ".results", "FLAG_COLUMNS": ".results", "RESULT_SCHEMA": ".results",
     "STATIC_FLAGS": ".results", "HarnessSettings": ".settings", "Job": ".settings",
 }
-__all__ = sorted(_EXPORTS)
+__all__ = ["DYNAMIC_FLAGS", "FLAG_COLUMNS", "RESULT_SCHEMA", "STATIC_FLAGS", "HarnessSession",
+           "HarnessSettings", "Job", "evaluate", "stored_results"]
 
 
 def __getattr__(name: str):

@@ -18,7 +18,6 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .errors import HarnessError
 from .compilation.entries import (
     HASHES,
     bytes_digest,
@@ -29,6 +28,7 @@ from .compilation.entries import (
     unhashed,
     unsealed,
 )
+from .errors import HarnessError
 from .results import ResultStore
 
 ORPHAN_AGE_S = 600.0

@@ -31,10 +31,10 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from .errors import HarnessError
 from . import hygiene
 from .compilation.buildspec import normalize_spec, spec_key, toolchain_fingerprint
 from .compilation.compile_steps import SLOTS_ENV
+from .errors import HarnessError
 from .gpus import ENV as VISIBLE_ENV
 from .gpus import visible_count, worker_device_ids
 from .pools import BuildService, ExtractService, WorkerPool

@@ -17,8 +17,8 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 from .compilation.buildspec import build_dir, check_build, normalize_spec, spec_key
-from .compilation.options import BuildOptions
 from .compilation.entries import NO_HASH, discard, label, seal, unhashed, unsealed
+from .compilation.options import BuildOptions
 from .workerproc import WorkerProcess
 
 log = logging.getLogger(__name__)

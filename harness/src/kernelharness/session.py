@@ -30,13 +30,12 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from .errors import HarnessError
 from .compilation.buildspec import toolchain_fingerprint
+from .errors import HarnessError
+from .method import METHOD_VERSION
 from .orchestrator import Batch
 from .results import RESULT_SCHEMA, ResultStore, finish_row, rows_to_table
 from .settings import HarnessSettings, Job
-
-from .method import METHOD_VERSION
 
 log = logging.getLogger(__name__)
 FLUSH_EVERY_S = 60.0

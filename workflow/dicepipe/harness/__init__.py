@@ -17,7 +17,7 @@ import importlib.util
 import sys
 import warnings
 
-from kernelharness import *  # noqa: F401,F403
+from kernelharness import *  # noqa: F403
 from kernelharness import __all__  # noqa: F401
 
 _OLD = __name__
