@@ -6,6 +6,7 @@ import os
 from pathlib import Path
 
 import pytest
+from kernelharness.testing import has_cuda
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 SHARED_KERNELBENCH = REPO_ROOT.parent / "shared" / "data" / "kernelbench" / "kernelbench_levels_1-3.parquet"
@@ -15,17 +16,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 
-def _has_cuda() -> bool:
-    try:
-        import torch
-
-        return torch.cuda.is_available()
-    except Exception:
-        return False
-
-
 def pytest_collection_modifyitems(config, items):
-    if _has_cuda():
+    if has_cuda():
         return
     skip = pytest.mark.skip(reason="needs a CUDA device")
     for item in items:

@@ -7,6 +7,7 @@ import os
 from pathlib import Path
 
 import pytest
+from kernelharness.testing import has_cuda
 
 # One extension build cache per checkout, shared with the pipeline's tests (both build the
 # same few sources): <checkout>/.cache/dicepipe/builds, or KERNELHARNESS_TEST_CACHE.
@@ -15,17 +16,8 @@ BUILD_CACHE = Path(os.environ.get("KERNELHARNESS_TEST_CACHE")
                    or HARNESS_ROOT.parent / ".cache" / "dicepipe" / "builds")
 
 
-def _has_cuda() -> bool:
-    try:
-        import torch
-
-        return torch.cuda.is_available()
-    except Exception:
-        return False
-
-
 def pytest_collection_modifyitems(config, items):
-    if _has_cuda():
+    if has_cuda():
         return
     skip = pytest.mark.skip(reason="needs a CUDA device")
     for item in items:

@@ -30,6 +30,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from kernelharness.testing import reference
 
 HERE = Path(__file__).resolve().parent
 GOLDEN = HERE / "golden" / "rows.json"
@@ -40,26 +41,7 @@ RECORDED = ("compiled", "correct", "correct_robust", "correct_trials_passed", "o
             "variants_run", "reference_input_insensitive", "uses_vendor_library",
             "timed_outputs_checked", "builds_total", "timing_mode", "error_phase")
 
-REF = '''
-import torch
-import torch.nn as nn
-
-
-class Model(nn.Module):
-    def __init__(self):
-        super().__init__()
-
-    def forward(self, x):
-        return torch.relu(x)
-
-
-def get_inputs():
-    return [torch.randn(64, 256)]
-
-
-def get_init_inputs():
-    return []
-'''
+REF = reference("torch.relu(x)")  # [64, 256] inputs
 
 
 def _candidate(name: str, source: str, functions: list[str], call: str) -> str:

@@ -26,25 +26,31 @@ from .errors import HarnessError
 log = logging.getLogger("kernelharness")
 
 
+def add_score_arguments(parser, cache_default: str) -> None:
+    """What to score and how often: this command's and `dicepipe score`'s arguments."""
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("--candidates", help="folder of candidate files (<name>.py)")
+    source.add_argument("--pairs", help="Parquet with reference and candidate code columns")
+    parser.add_argument("--references", help="folder of reference programs, same file names")
+    parser.add_argument("--backend", required=True, choices=["cpu", "cuda"])
+    parser.add_argument("--out", required=True, help="results Parquet (resumed if present)")
+    parser.add_argument("--repeats", type=int, default=1,
+                        help="measure each kernel up to this many times (default 1)")
+    parser.add_argument("--thresholds", type=float, nargs="+", default=[1.0],
+                        help="speedups the repeat rule must settle (default 1.0)")
+    parser.add_argument("--cache-dir", default=None, help=f"build cache (default: {cache_default})")
+    parser.add_argument("--remeasure", action="store_true",
+                        help="measure every kernel again instead of reusing the rows --out "
+                             "holds (also: DICEPIPE_REMEASURE=1)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="kernelharness", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     score = sub.add_parser("score", help="measure kernels against their references")
-    source = score.add_mutually_exclusive_group(required=True)
-    source.add_argument("--candidates", help="folder of candidate files (<name>.py)")
-    source.add_argument("--pairs", help="Parquet with reference and candidate code columns")
-    score.add_argument("--references", help="folder of reference programs, same file names")
-    score.add_argument("--backend", required=True, choices=["cpu", "cuda"])
-    score.add_argument("--out", required=True, help="results Parquet (resumed if present)")
-    score.add_argument("--repeats", type=int, default=1,
-                       help="measure each kernel up to this many times (default 1)")
-    score.add_argument("--thresholds", type=float, nargs="+", default=[1.0],
-                       help="speedups the repeat rule must settle (default 1.0)")
+    add_score_arguments(score, cache_default="run.cache_dir of --settings")
     score.add_argument("--settings", default=None,
                        help="YAML with `measure:` and `run:` (default: schema.yaml's defaults)")
-    score.add_argument("--cache-dir", default=None, help="build cache (default: run.cache_dir)")
-    score.add_argument("--remeasure", action="store_true",
-                       help="measure every kernel again instead of reusing --out's rows")
     score.add_argument("-v", "--verbose", action="store_true")
     return parser
 

@@ -14,6 +14,16 @@ from pathlib import Path
 from .settings import HarnessSettings, Job
 
 
+def has_cuda() -> bool:
+    """A CUDA device is usable here (GPU tests skip otherwise)."""
+    try:
+        import torch
+
+        return torch.cuda.is_available()
+    except Exception:
+        return False
+
+
 def settings(cache_dir: Path, **overrides) -> HarnessSettings:
     """Small, fast settings: few trials, one builder, no precompiled header (one build only)."""
     values = dict(correct_trials=5, warmup_trials=1, timing_trials=10, timing_trials_cpu=10,

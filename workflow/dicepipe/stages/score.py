@@ -16,6 +16,7 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
+from kernelharness.cli import add_score_arguments
 from kernelharness.programs import FolderJobs, load_folder_jobs, load_pairs_jobs, unpaired_lines
 from kernelharness.programs import names_text as _names
 
@@ -29,24 +30,10 @@ __all__ = ["FolderJobs", "load_folder_jobs", "load_pairs_jobs", "run", "summariz
 
 
 def add_arguments(parser) -> None:
-    source = parser.add_mutually_exclusive_group(required=True)
-    source.add_argument("--candidates", help="folder of candidate files (<name>.py)")
-    source.add_argument("--pairs", help="Parquet with reference and candidate code columns")
-    parser.add_argument("--references", help="folder of reference programs, same file names")
-    parser.add_argument("--backend", required=True, choices=["cpu", "cuda"])
-    parser.add_argument("--out", required=True, help="results Parquet (resumed if present)")
-    parser.add_argument("--repeats", type=int, default=1,
-                        help="measure each kernel up to this many times (default 1)")
-    parser.add_argument("--thresholds", type=float, nargs="+", default=[1.0],
-                        help="speedups the repeat rule must settle (default 1.0)")
-    parser.add_argument("--cache-dir", default=None,
-                        help="build cache (default: harness.run.cache_dir of params.yaml)")
+    add_score_arguments(parser, cache_default="harness.run.cache_dir of params.yaml")
     parser.add_argument("--wait-s", type=float, default=0.0,
                         help="seconds to wait while another run writes --out (default 0: "
                              "refuse at once, naming it)")
-    parser.add_argument("--remeasure", action="store_true",
-                        help="measure every kernel again instead of reusing the rows --out "
-                             "holds (also: DICEPIPE_REMEASURE=1)")
 
 
 def summarize(table, thresholds: list[float], robust: bool, protocols: dict) -> list[str]:
