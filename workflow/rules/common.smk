@@ -41,8 +41,9 @@ def canonical(value):
 # greater than 0"); config gets the schema's defaults filled in (the schema includes the
 # harness package's, so it is not one file Snakemake's own validate could read).
 # The rules track RESOLVED: what the stages read (params.yaml with the schema's defaults).
-RESOLVED = canonical(dicepipe_config.validate_params(config, "params.yaml"))
-config.update(dicepipe_config.validate_params(config, "params.yaml"))
+_validated = dicepipe_config.validate_params(config, "params.yaml")
+RESOLVED = canonical(_validated)
+config.update(_validated)
 
 SCALES = list(config["scales"])
 CORPORA = list(config["corpora"])
