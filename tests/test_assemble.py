@@ -149,3 +149,25 @@ def test_a_corpus_override_changes_only_that_corpus(params):
     assert seed["min_val_samples"] == 7 and other["min_val_samples"] == section["min_val_samples"]
     assert "overrides" not in seed and {k: v for k, v in seed.items() if k != "min_val_samples"} == \
         {k: v for k, v in other.items() if k != "min_val_samples"}
+
+
+def test_sft_infill_adds_each_kernel_in_the_infilling_form_and_nothing_else():
+    """assemble.sft_infill: the sft split gains, per kept kernel, the infilling prompt RL
+    stage 1 asks (prefix and suffix given) answered with the same file; off, the release's
+    end-to-end rows only. The RL and val splits are the same either way."""
+    from dicepipe.data.prompts import infilling_prompt, response_text
+
+    samples = [_sample(i) for i in range(10)]
+    measurements = {s["sample_id"]: _m(3.0) for s in samples}
+    plain, _ = assemble.assemble(samples, measurements, [], SETTINGS, KB)
+    both, _ = assemble.assemble(samples, measurements, [], {**SETTINGS, "sft_infill": True}, KB)
+    assert {k: v for k, v in both.items() if k != "sft"} == {k: v for k, v in plain.items() if k != "sft"}
+    e2e = [r for r in both["sft"] if not r["sample_id"].endswith(":infill")]
+    infill = {r["sample_id"]: r for r in both["sft"] if r["sample_id"].endswith(":infill")}
+    assert e2e == plain["sft"] and len(infill) == len(plain["sft"])
+    prefix, _, suffix = split_for_infilling(CUDA_FILE)
+    for row in plain["sft"]:
+        twin = infill[row["sample_id"] + ":infill"]
+        sample = next(s for s in samples if s["sample_id"] == row["sample_id"])
+        assert twin["prompt"] == infilling_prompt(sample["reference_code"], prefix, suffix, "cpu")
+        assert twin["response"] == row["response"] == response_text(CUDA_FILE)

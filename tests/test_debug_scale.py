@@ -70,8 +70,8 @@ def debug_failures(ws: Path) -> list[str]:
     cuda = [s for s in before if s["compiled"] and "__global__" in s["text"]]
     if not cuda:
         failures.append("no greedy val sample of the SFT model is a CUDA kernel that compiled")
-    with open(ws / "results/kernelbench_debug/tasks.csv") as f:
-        copies = [row for row in csv.DictReader(f) if row["system"] == "reference_copies"]
+    with open(ws / "results/kernelbench_debug/baselines/reference_copies/tasks.csv") as f:
+        copies = list(csv.DictReader(f))
     right = [row for row in copies if row["strict.plain.correct"] == "true"]
     if not copies or len(right) < len(copies):
         failures.append(f"reference copies: {len(right)} of {len(copies)} tasks correct (strict)")
