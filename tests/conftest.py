@@ -6,7 +6,7 @@ import os
 from pathlib import Path
 
 import pytest
-from kernelharness.testing import has_cuda
+from kernelharness.testing import has_cuda, private_tempdir
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 SHARED_KERNELBENCH = REPO_ROOT.parent / "shared" / "data" / "kernelbench" / "kernelbench_levels_1-3.parquet"
@@ -27,19 +27,12 @@ def pytest_collection_modifyitems(config, items):
 
 @pytest.fixture(autouse=True)
 def harness_tempdir(request, tmp_path_factory, monkeypatch):
-    """Harness tests make their temporary folders in a private directory, which must be empty
-    when the test ends: a run (even a killed one, cleaned by the next) leaves nothing behind."""
+    """The pipeline's harness tests leave nothing in the temporary directory
+    (kernelharness.testing.private_tempdir)."""
     if not request.module.__name__.startswith("test_harness_"):
         yield None
         return
-    import tempfile
-
-    private = tmp_path_factory.mktemp("tempdir")
-    monkeypatch.setattr(tempfile, "tempdir", str(private))
-    monkeypatch.setenv("TMPDIR", str(private))  # and in the processes a test starts
-    yield private
-    left = sorted(os.listdir(private))
-    assert not left, f"the harness left {left} in the temporary directory"
+    yield from private_tempdir(tmp_path_factory, monkeypatch)
 
 
 @pytest.fixture(scope="session")

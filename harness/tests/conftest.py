@@ -7,7 +7,7 @@ import os
 from pathlib import Path
 
 import pytest
-from kernelharness.testing import has_cuda
+from kernelharness.testing import has_cuda, private_tempdir
 
 # One extension build cache per checkout, shared with the pipeline's tests (both build the
 # same few sources): <checkout>/.cache/dicepipe/builds, or KERNELHARNESS_TEST_CACHE.
@@ -27,16 +27,8 @@ def pytest_collection_modifyitems(config, items):
 
 @pytest.fixture(autouse=True)
 def harness_tempdir(tmp_path_factory, monkeypatch):
-    """Harness tests make their temporary folders in a private directory, which must be empty
-    when the test ends: a run (even a killed one, cleaned by the next) leaves nothing behind."""
-    import tempfile
-
-    private = tmp_path_factory.mktemp("tempdir")
-    monkeypatch.setattr(tempfile, "tempdir", str(private))
-    monkeypatch.setenv("TMPDIR", str(private))  # and in the processes a test starts
-    yield private
-    left = sorted(os.listdir(private))
-    assert not left, f"the harness left {left} in the temporary directory"
+    """Harness tests leave nothing in the temporary directory (testing.private_tempdir)."""
+    yield from private_tempdir(tmp_path_factory, monkeypatch)
 
 
 @pytest.fixture(scope="session")

@@ -24,6 +24,21 @@ def has_cuda() -> bool:
         return False
 
 
+def private_tempdir(tmp_path_factory, monkeypatch):
+    """Generator for an autouse fixture: the test's temporary folders (tempfile and TMPDIR, so
+    in the processes it starts too) go to a private directory, which must be empty when the
+    test ends: a harness run, even a killed one (cleaned by the next), leaves nothing behind."""
+    import os
+    import tempfile
+
+    private = tmp_path_factory.mktemp("tempdir")
+    monkeypatch.setattr(tempfile, "tempdir", str(private))
+    monkeypatch.setenv("TMPDIR", str(private))
+    yield private
+    left = sorted(os.listdir(private))
+    assert not left, f"the harness left {left} in the temporary directory"
+
+
 def settings(cache_dir: Path, **overrides) -> HarnessSettings:
     """Small, fast settings: few trials, one builder, no precompiled header (one build only)."""
     values = dict(correct_trials=5, warmup_trials=1, timing_trials=10, timing_trials_cpu=10,
