@@ -127,3 +127,44 @@ def test_the_debug_reference_copies_are_the_subsets_references(params):
     for task in tasks:
         path = folder / f"level_{task['level']}_problem_{task['problem_id']}_sample_0_kernel.py"
         assert path.read_text() == reference_copy(task["reference_code"])
+
+
+def _input_elements(code: str) -> int | None:
+    """Elements of a task's get_inputs() tensors, built on the meta device (no memory)."""
+    import torch
+
+    namespace: dict = {}
+    try:
+        with torch.device("meta"):
+            exec(compile(code, "<task>", "exec"), namespace)
+            inputs = namespace["get_inputs"]()
+    except Exception:  # noqa: BLE001 - a task that cannot build on meta does not qualify
+        return None
+    return sum(x.numel() for x in inputs if isinstance(x, torch.Tensor))
+
+
+@pytest.mark.slow
+def test_the_debug_subset_is_each_levels_two_shortest_prompts_with_small_inputs(params):
+    """benchmarks.kernelbench-debug is the rule its comment states, recomputed from the
+    Parquet: per level, the two tasks with the fewest prompt tokens (the debug tokenizer, the
+    debug scale's evaluation wording, the chat template's generation prompt) among those whose
+    inputs hold at most 64M elements. Longer prompts lie past what the debug model has seen."""
+    import pyarrow.parquet as pq
+    from dicepipe.config import stage_settings
+    from dicepipe.data.prompt_sources import evaluation_prompt
+    from transformers import AutoTokenizer
+
+    wording = stage_settings(params, "evaluate", scale="debug")["prompt"]
+    tokenizer = AutoTokenizer.from_pretrained(BASE)
+    section = params["benchmarks"]["kernelbench-debug"]
+    ranked: dict[int, list] = {}
+    for task in pq.read_table(REPO / section["path"]).to_pylist():
+        elements = _input_elements(task["code"])
+        if elements is None or elements > 64 * 2**20:
+            continue
+        chat = [{"role": "user", "content": evaluation_prompt(wording, params, task["code"], "cuda")}]
+        text = tokenizer.apply_chat_template(chat, tokenize=False, add_generation_prompt=True)
+        ranked.setdefault(task["level"], []).append(
+            (len(tokenizer(text)["input_ids"]), task["problem_id"]))
+    chosen = [f"L{level}/{pid}" for level in sorted(ranked) for _, pid in sorted(ranked[level])[:2]]
+    assert section["tasks"] == chosen

@@ -3,10 +3,10 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 class ModelNew(nn.Module):
-    def __init__(self, input_size, hidden_layer_sizes, output_size):
+    def __init__(self, input_size, layer_sizes, output_size):
         """
         :param input_size: The number of input features
-        :param hidden_layer_sizes: A list of ints containing the sizes of each hidden layer
+        :param layer_sizes: A list of ints containing the sizes of each hidden layer
         :param output_size: The number of output features
         """
         super(ModelNew, self).__init__()
@@ -14,10 +14,10 @@ class ModelNew(nn.Module):
         layers = []
         current_input_size = input_size
         
-        for hidden_size in hidden_layer_sizes:
-            layers.append(nn.Linear(current_input_size, hidden_size))
+        for layer_size in layer_sizes:
+            layers.append(nn.Linear(current_input_size, layer_size))
             layers.append(nn.ReLU())
-            current_input_size = hidden_size
+            current_input_size = layer_size
         
         layers.append(nn.Linear(current_input_size, output_size))
         
@@ -31,13 +31,13 @@ class ModelNew(nn.Module):
         return self.network(x)
 
 # Test code
-batch_size = 1024
-input_size = 8192
-hidden_layer_sizes = [1024] * 16  # deep network with wider layers
+batch_size = 128
+input_size = 16384
+layer_sizes = [16384, 16384]
 output_size = 8192
 
 def get_inputs():
     return [torch.rand(batch_size, input_size)]
 
 def get_init_inputs():
-    return [input_size, hidden_layer_sizes, output_size]
+    return [input_size, layer_sizes, output_size]
