@@ -9,7 +9,12 @@ rows). Writes one JSON record.
 --cold removes the debug chain's outputs and the whole .cache/dicepipe (build cache, resume
 stores); --warm removes the outputs and resume stores but keeps the build cache; neither
 removes anything (a resumed or finished run). --deadline stops Snakemake after that many
-seconds (its jobs resume on the next run, as after any kill).
+seconds (its jobs resume on the next run, as after any kill); --until RULE stops after that
+rule's jobs instead, a stage boundary. On a machine whose commands last at most 10 minutes,
+the cold chain splits in two there:
+
+    python bench/debug_scale.py --cold --cores 16 --until rl_infill --out part1.json
+    python bench/debug_scale.py --cores 16 --out part2.json
 """
 
 from __future__ import annotations
@@ -75,8 +80,10 @@ class GpuSampler(threading.Thread):
                 "gpu_peak_mib": max(s[2] for s in inside)}
 
 
-def run_snakemake(cores: int, deadline: float | None, log_path: Path, sampler: GpuSampler) -> tuple[int, list]:
-    command = [sys.executable, "-m", "snakemake", "--cores", str(cores), TARGET]
+def run_snakemake(cores: int, deadline: float | None, log_path: Path, sampler: GpuSampler,
+                  until: str | None = None) -> tuple[int, list]:
+    command = [sys.executable, "-m", "snakemake", "--cores", str(cores),
+               *(["--until", until] if until else []), "--", TARGET]
     jobs, current = {}, None
     t_start = sampler.start_time
     with open(log_path, "w") as log:
@@ -155,6 +162,9 @@ def main() -> int:
     group.add_argument("--cold", action="store_true")
     group.add_argument("--warm", action="store_true")
     parser.add_argument("--deadline", type=float, default=None)
+    parser.add_argument("--until", default=None, metavar="RULE",
+                        help="stop after this rule's jobs (Snakemake --until), e.g. rl_infill: a stage "
+                             "boundary, where --deadline may stop a stage mid-way and lose its unsaved work")
     args = parser.parse_args()
 
     if args.cold or args.warm:
@@ -163,7 +173,8 @@ def main() -> int:
     sampler = GpuSampler(start)
     sampler.start()
     out = Path(args.out)
-    code, jobs = run_snakemake(args.cores, args.deadline, Path(args.log or str(out) + ".log"), sampler)
+    code, jobs = run_snakemake(args.cores, args.deadline, Path(args.log or str(out) + ".log"), sampler,
+                               until=args.until)
     wall = time.monotonic() - start
     sampler.stop.set()
     try:
