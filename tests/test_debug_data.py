@@ -143,7 +143,6 @@ def _input_elements(code: str) -> int | None:
     return sum(x.numel() for x in inputs if isinstance(x, torch.Tensor))
 
 
-@pytest.mark.slow
 def test_the_debug_subset_is_each_levels_two_shortest_prompts_with_small_inputs(params):
     """benchmarks.kernelbench-debug is the rule its comment states, recomputed from the
     Parquet: per level, the two tasks with the fewest prompt tokens (the debug tokenizer, the
