@@ -117,11 +117,10 @@ def assemble(samples: list[dict], measurements: dict[str, dict], structural: lis
             reasons["infill_no_core"] += 1
             continue
         prefix, core, suffix = pieces
-        if settings.get("sft_infill"):  # the same kernel once more, asked for in RL stage 1's form
+        if settings.get("sft_infill"):  # the same row once more, asked for in RL stage 1's form
             splits["sft"].append({
-                "sample_id": sample["sample_id"] + ":infill", "origin": origin, "level": sample.get("level"),
+                **splits["sft"][-1], "sample_id": sample["sample_id"] + ":infill",
                 "prompt": prompts.infilling_prompt(sample["reference_code"], prefix, suffix, sample["backend"]),
-                "response": prompts.response_text(sample["candidate_code"]),
             })
         splits["rl_infill"].append({
             "sample_id": sample["sample_id"], "level": sample_level(sample),
