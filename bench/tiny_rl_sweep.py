@@ -36,6 +36,8 @@ import yaml
 SKIP = {".git", ".venv", "results", "models", "logs", "metrics", "docs", "tests", "bench",
         ".dvc", "reports"}
 STAGES = ("rl_infill", "rl_e2e")
+WHAT = ("the tiny chain from assemble to rl_e2e, per point: the split a speedup threshold gives (verify's "
+        "measurements reused), the RL learning rate and the RL seed; `learned`: a step after 0 selected")
 
 
 def _copy_workspace(src: Path, dest: Path) -> None:
@@ -78,6 +80,8 @@ def run_point(workspace: Path, threshold: float, learning_rate: float, seed: int
                 "val_right": [round(val[k] * summary["val_tasks"]) for k in sorted(val)],
                 "best_step": summary["best_step"], "learned": summary["best_step"] > 0,
             }
+            right = point[stage]["val_right"]
+            point[stage]["val_rose"] = max(right[1:], default=right[0]) > right[0]
     return point
 
 
@@ -97,6 +101,7 @@ def main(argv=None) -> int:
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1,
                         help="points run at once, one core each")
     parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--note", default="", help="where the workspace's measurements came from")
     args = parser.parse_args(argv)
     workspace = args.workspace.resolve()
     if not (workspace / "data/verify/seed/measurements.parquet").is_file():
@@ -113,9 +118,13 @@ def main(argv=None) -> int:
             "stages_learned": sum(p[s]["learned"] for p in runs for s in STAGES),
             "stages": len(runs) * len(STAGES),
             "runs_where_both_learned": sum(all(p[s]["learned"] for s in STAGES) for p in runs),
+            "stages_val_rose": sum(p[s]["val_rose"] for p in runs for s in STAGES),
+            "stages_val_below_before_at_every_validation": sum(
+                max(p[s]["val_right"][1:], default=p[s]["val_right"][0]) < p[s]["val_right"][0]
+                for p in runs for s in STAGES),
         }
-    record = {"command": "python bench/tiny_rl_sweep.py " + " ".join(argv or sys.argv[1:]),
-              "machine": _machine(), "date": datetime.date.today().isoformat(),
+    record = {"what": WHAT, "command": "python bench/tiny_rl_sweep.py " + " ".join(argv or sys.argv[1:]),
+              "workspace": args.note, "machine": _machine(), "date": datetime.date.today().isoformat(),
               "summary": by_rate, "points": points}
     args.out.write_text(json.dumps(record, indent=1) + "\n")
     for p in points:
