@@ -81,7 +81,8 @@ def run_point(workspace: Path, threshold: float, learning_rate: float, seed: int
                 "best_step": summary["best_step"], "learned": summary["best_step"] > 0,
             }
             right = point[stage]["val_right"]
-            point[stage]["val_rose"] = max(right[1:], default=right[0]) > right[0]
+            after = max(right[1:], default=right[0])
+            point[stage].update(val_rose=after > right[0], val_fell_throughout=after < right[0])
     return point
 
 
@@ -120,8 +121,7 @@ def main(argv=None) -> int:
             "runs_where_both_learned": sum(all(p[s]["learned"] for s in STAGES) for p in runs),
             "stages_val_rose": sum(p[s]["val_rose"] for p in runs for s in STAGES),
             "stages_val_below_before_at_every_validation": sum(
-                max(p[s]["val_right"][1:], default=p[s]["val_right"][0]) < p[s]["val_right"][0]
-                for p in runs for s in STAGES),
+                p[s]["val_fell_throughout"] for p in runs for s in STAGES),
         }
     record = {"what": WHAT, "command": "python bench/tiny_rl_sweep.py " + " ".join(argv or sys.argv[1:]),
               "workspace": args.note, "machine": _machine(), "date": datetime.date.today().isoformat(),
